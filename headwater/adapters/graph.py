@@ -1,0 +1,37 @@
+"""Connecting to the Bolt graph store (Neo4j 5, or the local ArcadeDB server)."""
+
+from __future__ import annotations
+
+import time
+
+from neo4j import Driver, GraphDatabase
+from neo4j.exceptions import Neo4jError, ServiceUnavailable
+
+from headwater.core.config import Config
+
+
+class GraphUnavailable(RuntimeError):
+    """The graph store did not answer a query; is the stack up (``headwater stack status``)?"""
+
+
+def driver(config: Config) -> Driver:
+    return GraphDatabase.driver(config.graph_uri, auth=(config.graph_user, config.graph_password))
+
+
+def wait_ready(config: Config, timeout_s: float = 60.0) -> None:
+    """Wait until a query on the configured database succeeds, not just until the port opens.
+
+    The local server opens its Bolt port before it has created the database.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    with driver(config) as d:
+        while time.monotonic() < deadline:
+            try:
+                with d.session(database=config.graph_database) as s:
+                    s.run("RETURN 1 AS ok").consume()
+                return
+            except (ServiceUnavailable, Neo4jError, OSError) as exc:
+                last = exc
+                time.sleep(0.3)
+    raise GraphUnavailable(f"graph store at {config.graph_uri} (database {config.graph_database}) did not answer: {last}")

@@ -1,0 +1,69 @@
+"""Where headwater's parts find each other: broker, topics, graph store, state folder.
+
+Settings come, strongest first, from explicit arguments, ``HEADWATER_*`` environment
+variables, the running local stack's state file (``headwater stack up`` writes it), and
+the defaults below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+STACK_FILE = "stack.json"
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("HEADWATER_HOME", Path.home() / ".headwater"))
+
+
+@dataclass(frozen=True)
+class Config:
+    bootstrap: str = "127.0.0.1:9092"
+    edges_topic: str = "headwater.edges"
+    log_topic: str = "headwater.log"
+    dlq_topic: str = "headwater.dlq"
+    topic_partitions: int = 2
+    graph_uri: str = "bolt://127.0.0.1:7687"
+    graph_user: str = "root"
+    graph_password: str = ""
+    graph_database: str = "lineage"
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Config":
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown headwater settings {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_overrides(self, **values) -> "Config":
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+def _from_env() -> dict:
+    found = {}
+    for f in fields(Config):
+        value = os.environ.get(f"HEADWATER_{f.name.upper()}")
+        if value is not None:
+            found[f.name] = int(value) if f.type in ("int", int) else value
+    return found
+
+
+def _from_stack(home: Path) -> dict:
+    path = home / STACK_FILE
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get("config", {})
+
+
+def load(home: Path | None = None, **overrides) -> Config:
+    """The effective config: overrides, then environment, then stack state, then defaults."""
+    home = home or default_home()
+    values = {**_from_stack(home), **_from_env()}
+    return Config.from_dict(values).with_overrides(**overrides)

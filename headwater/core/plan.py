@@ -1,0 +1,243 @@
+"""The plan IR: one typed tree for a query's analyzed logical plan.
+
+Built from plain records, one per Spark plan node in pre-order (see ``RawNode``), which
+the Spark adapter (``headwater.capture.spark_plan``) reads off the JVM plan. Attribute
+identity is Spark's exprId, never a column name. The same tree drives rid threading,
+attribute masks, the plan log and, later, the log-only fallback.
+
+A maximal subtree that reads no stream is one ``Source`` of kind ``static``: its rows
+are dimension rows, whatever Spark does inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, TypedDict
+
+# Spark logical plan classes (simple names) by IR kind.
+_KINDS = {
+    "Source": {
+        "StreamingRelationV2", "StreamingRelation", "StreamingExecutionRelation",
+        "StreamingDataSourceV2Relation", "LogicalRelation", "LocalRelation", "LogicalRDD",
+        "DataSourceV2Relation", "HiveTableRelation", "Range", "OneRowRelation",
+    },
+    "Project": {"Project"},
+    "Filter": {"Filter"},
+    "Join": {"Join"},
+    "Alias": {"SubqueryAlias", "View"},
+    "Aggregate": {"Aggregate"},
+    "Window": {"Window"},
+    "Generate": {"Generate"},
+    "Union": {"Union"},
+    "Deduplicate": {"Deduplicate", "DeduplicateWithinWatermark"},
+    "EventTimeWatermark": {"EventTimeWatermark"},
+    "BlackBox": {
+        "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas",
+        "FlatMapGroupsInPandasWithState", "FlatMapCoGroupsInPandas", "MapPartitions",
+    },
+}
+_KIND_OF = {cls: kind for kind, classes in _KINDS.items() for cls in classes}
+
+# Source kinds, recognised by the columns a source produces.
+KAFKA_COLUMNS = ("topic", "partition", "offset")
+
+
+class RawAttr(TypedDict):
+    name: str
+    expr_id: int
+    dtype: str
+
+
+class RawNode(TypedDict):
+    """One Spark plan node as read off the JVM: what the IR is built from and logged as."""
+
+    spark_class: str  # simple class name, e.g. "Project"
+    num_children: int
+    streaming: bool
+    output: list[RawAttr]
+    fields: dict  # the node's own entry of Spark's plan.toJSON()
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    expr_id: int
+    dtype: str
+
+
+@dataclass
+class PlanNode:
+    id: int
+    kind: str
+    spark_class: str
+    streaming: bool
+    output: list[Attr]
+    children: list["PlanNode"] = field(default_factory=list)
+    detail: dict = field(default_factory=dict)
+
+    def walk(self) -> Iterator["PlanNode"]:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def sources(self) -> list["PlanNode"]:
+        return [n for n in self.walk() if n.kind == "Source"]
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "spark_class": self.spark_class,
+            "streaming": self.streaming,
+            "output": [[a.name, a.expr_id, a.dtype] for a in self.output],
+            "detail": self.detail,
+            "children": [c.to_dict() for c in self.children],
+        }
+
+
+def _expr_ids(flat_expr: list) -> set[int]:
+    """exprIds of the attributes a flattened Spark expression reads."""
+    return {
+        e["exprId"]["id"]
+        for e in flat_expr
+        if isinstance(e, dict) and e.get("class", "").endswith(".AttributeReference")
+    }
+
+
+def _join_type(fields: dict) -> str:
+    jt = fields.get("joinType")
+    name = jt.get("object", "") if isinstance(jt, dict) else str(jt)
+    return name.rsplit(".", 1)[-1].rstrip("$").lower().replace("join", "") or "unknown"
+
+
+def _alias_name(fields: dict) -> str | None:
+    ident = fields.get("identifier")
+    if isinstance(ident, dict):
+        return ident.get("name")
+    desc = fields.get("desc")
+    if isinstance(desc, dict):
+        return (desc.get("identifier") or {}).get("table")
+    return None
+
+
+def _location(fields: dict) -> str | None:
+    relation = fields.get("relation")
+    if isinstance(relation, dict):
+        for key in ("location", "rootPaths", "paths"):
+            if relation.get(key):
+                return str(relation[key])
+    return None
+
+
+def build(raw: list[RawNode]) -> PlanNode:
+    """The IR of a plan given as its pre-order list of raw nodes."""
+    position = 0
+    next_id = 0
+
+    def take() -> PlanNode:
+        nonlocal position, next_id
+        node = raw[position]
+        position += 1
+        node_id = next_id
+        next_id += 1
+        children = [take() for _ in range(node["num_children"])]
+        cls = node["spark_class"]
+        kind = _KIND_OF.get(cls, "Unknown")
+        detail: dict = {}
+        fields = node["fields"]
+        if kind == "Project":
+            detail["derives"] = {
+                str(expr[0]["exprId"]["id"]): sorted(_expr_ids(expr[1:]))
+                for expr in fields.get("projectList", [])
+                if expr and expr[0].get("class", "").endswith(".Alias")
+            }
+        elif kind == "Join":
+            detail["join_type"] = _join_type(fields)
+        elif kind == "Alias":
+            detail["name"] = _alias_name(fields)
+        elif kind == "Source":
+            detail["location"] = _location(fields)
+        output = [Attr(a["name"], a["expr_id"], a["dtype"]) for a in node["output"]]
+        return PlanNode(node_id, kind, cls, node["streaming"], output, children, detail)
+
+    root = take()
+    if position != len(raw):
+        raise ValueError(f"plan records do not form one tree ({len(raw) - position} left over)")
+    return _fold_static(root)
+
+
+def _fold_static(node: PlanNode) -> PlanNode:
+    """Replace each maximal non-streaming subtree by one static ``Source`` node.
+
+    The folded subtree is kept, as a dict, in ``detail["subtree"]``.
+    """
+    if not node.streaming:
+        detail = {"source": "static", "name": static_name(node), "location": _first_location(node)}
+        if node.children:
+            detail["subtree"] = node.to_dict()
+        return PlanNode(node.id, "Source", node.spark_class, False, node.output, [], detail)
+    node.children = [_fold_static(c) for c in node.children]
+    if node.kind == "Source":
+        names = {a.name for a in node.output}
+        node.detail["source"] = "kafka" if all(c in names for c in KAFKA_COLUMNS) else "stream"
+    return node
+
+
+def _first_location(node: PlanNode) -> str | None:
+    return next((n.detail.get("location") for n in node.walk() if n.detail.get("location")), None)
+
+
+def static_name(node: PlanNode) -> str:
+    """A static subtree's dataset name: its alias, else its file name, else its node id."""
+    for n in node.walk():
+        if n.kind == "Alias" and n.detail.get("name"):
+            return n.detail["name"]
+        location = n.detail.get("location")
+        if location:
+            tail = location.strip("[]").split(",")[0].rstrip("/").rsplit("/", 1)[-1]
+            return tail.split(".", 1)[0] or f"static_{node.id}"
+    return f"static_{node.id}"
+
+
+def derivation(root: PlanNode) -> dict[int, set[int]]:
+    """exprId → exprIds it is computed from, for every attribute a Project makes."""
+    derives: dict[int, set[int]] = {}
+    for node in root.walk():
+        if node.kind == "Project":
+            for out_id, inputs in node.detail["derives"].items():
+                if inputs:
+                    derives[int(out_id)] = set(inputs)
+    return derives
+
+
+def column_masks(root: PlanNode) -> dict[int, int]:
+    """Per source node id: bitmask over the root's output columns derived from that source.
+
+    Bit i is set when output column i reads, through any chain of projections, an
+    attribute the source produces (TensProv's attribute mask). Columns past 63 share
+    bit 63, so a mask is never narrower than the truth.
+    """
+    derives = derivation(root)
+
+    def base(expr_id: int, seen: set[int]) -> set[int]:
+        if expr_id in seen:
+            return set()
+        seen.add(expr_id)
+        inputs = derives.get(expr_id)
+        if not inputs:
+            return {expr_id}
+        found: set[int] = set()
+        for i in inputs:
+            found |= base(i, seen)
+        return found
+
+    column_bases = [base(a.expr_id, set()) for a in root.output]
+    masks = {}
+    for source in root.sources():
+        produced = {a.expr_id for a in source.output}
+        mask = 0
+        for i, bases in enumerate(column_bases):
+            if bases & produced:
+                mask |= 1 << min(i, 63)
+        masks[source.id] = mask - (1 << 64) if mask >= 1 << 63 else mask
+    return masks

@@ -1,0 +1,111 @@
+"""The contracts on the wire: lineage payloads on the edges topic, records on the log topic.
+
+A lineage payload carries the rows (nodes) and edges one capture task produced, so the
+indexer always has both ends of an edge in the same message:
+
+    b"HWL" | version (1 byte) | len(nodes) (4 bytes, big endian) | nodes | edges
+
+where ``nodes`` and ``edges`` are Arrow IPC streams with ``NODE_SCHEMA`` and
+``EDGE_SCHEMA``. Log records are small and rare, so they are JSON objects with a
+``schema`` header naming their type and version.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pyarrow as pa
+
+LINEAGE_MAGIC = b"HWL"
+LINEAGE_VERSION = 1
+
+NODE_SCHEMA = pa.schema(
+    [
+        pa.field("rid", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),  # source | state | output
+        pa.field("dataset", pa.string()),
+        pa.field("query", pa.string()),
+        pa.field("batch", pa.int64()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("key", pa.string()),
+    ]
+)
+
+EDGE_SCHEMA = pa.schema(
+    [
+        pa.field("src", pa.int64(), nullable=False),
+        pa.field("dst", pa.int64(), nullable=False),
+        pa.field("query", pa.string(), nullable=False),
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("op", pa.int32(), nullable=False),
+        pa.field("exact", pa.bool_(), nullable=False),
+        pa.field("cols", pa.int64(), nullable=False),
+    ]
+)
+
+LOG_PLAN = "headwater.log.plan/1"
+LOG_BATCH = "headwater.log.batch/1"
+
+CAPTURE_STATUSES = ("full", "sampled", "log-only", "failed")
+
+
+class PayloadError(ValueError):
+    """A message on a headwater topic could not be decoded; the reason says why."""
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def encode_lineage(nodes: pa.Table, edges: pa.Table) -> bytes:
+    nodes_ipc = _ipc(nodes.cast(NODE_SCHEMA))
+    edges_ipc = _ipc(edges.cast(EDGE_SCHEMA))
+    header = LINEAGE_MAGIC + bytes([LINEAGE_VERSION]) + struct.pack(">I", len(nodes_ipc))
+    return header + nodes_ipc + edges_ipc
+
+
+def _read_ipc(data: bytes, schema: pa.Schema, part: str) -> pa.Table:
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise PayloadError(f"{part}: not an Arrow IPC stream ({exc})") from exc
+    if not table.schema.equals(schema):
+        raise PayloadError(f"{part}: schema {table.schema.names} is not {schema.names}")
+    required = [f.name for f in schema if not f.nullable and table.column(f.name).null_count]
+    if required:
+        raise PayloadError(f"{part}: nulls in required columns {required}")
+    return table
+
+
+def decode_lineage(message: bytes) -> tuple[pa.Table, pa.Table]:
+    """``(nodes, edges)`` of a lineage payload; raises ``PayloadError`` on anything else."""
+    if message is None or len(message) < 8 or message[:3] != LINEAGE_MAGIC:
+        raise PayloadError("not a headwater lineage payload (bad magic)")
+    if message[3] != LINEAGE_VERSION:
+        raise PayloadError(f"lineage payload version {message[3]} is not {LINEAGE_VERSION}")
+    (nodes_len,) = struct.unpack(">I", message[4:8])
+    if 8 + nodes_len > len(message):
+        raise PayloadError("lineage payload is truncated")
+    nodes = _read_ipc(message[8 : 8 + nodes_len], NODE_SCHEMA, "nodes")
+    edges = _read_ipc(message[8 + nodes_len :], EDGE_SCHEMA, "edges")
+    return nodes, edges
+
+
+def encode_log(schema: str, **fields) -> bytes:
+    return json.dumps({"schema": schema, **fields}, sort_keys=True, default=str).encode()
+
+
+def decode_log(message: bytes) -> dict:
+    try:
+        record = json.loads(message)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"log record is not JSON ({exc})") from exc
+    if not isinstance(record, dict) or record.get("schema") not in (LOG_PLAN, LOG_BATCH):
+        raise PayloadError("log record has no known 'schema' header")
+    return record
