@@ -19,7 +19,6 @@ some Kafka-protocol brokers (tansu) answer wrongly.
 from __future__ import annotations
 
 import datetime as dt
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -35,6 +34,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from headwater.adapters.kafka import KafkaSourceError, consumer, high_watermarks, read_records
+
 SOURCE_NAME = "headwater_kafka"
 
 KAFKA_SCHEMA = StructType(
@@ -49,11 +50,6 @@ KAFKA_SCHEMA = StructType(
     ]
 )
 
-_FETCH_TIMEOUT_S = 30.0
-
-
-class KafkaSourceError(RuntimeError):
-    """The Kafka source could not reach the broker or read an offset range in time."""
 
 
 @dataclass(frozen=True)
@@ -73,75 +69,18 @@ def _split_key(key: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
-def _consumer(bootstrap: str):
-    from kafka import KafkaConsumer
-
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        group_id=None,
-        consumer_timeout_ms=1000,
-        request_timeout_ms=30000,
-    )
-
-
-def high_watermarks(consumer, partitions: dict) -> dict:
-    """Fetched high-water marks for ``{TopicPartition: position_to_fetch_from}``.
-
-    One fetch per partition at a known position makes the broker report its
-    high-water mark; ``consumer.highwater`` then holds it.
-    """
-    consumer.assign(list(partitions))
-    for tp, position in partitions.items():
-        consumer.seek(tp, position)
-    deadline = time.monotonic() + _FETCH_TIMEOUT_S
-    while True:
-        marks = {tp: consumer.highwater(tp) for tp in partitions}
-        if all(mark is not None for mark in marks.values()):
-            return marks
-        if time.monotonic() > deadline:
-            missing = [f"{tp.topic}:{tp.partition}" for tp, m in marks.items() if m is None]
-            raise KafkaSourceError(f"no high-water mark from the broker for {missing}")
-        # Records fetched here are discarded: only the marks that come with them count.
-        consumer.poll(timeout_ms=200, max_records=1, update_offsets=False)
-        for tp, position in partitions.items():
-            consumer.seek(tp, position)
-
-
 def read_range(bootstrap: str, rng: OffsetRange) -> Iterator[tuple]:
     """Every record of ``rng`` in offset order, as rows of ``KAFKA_SCHEMA``."""
-    from kafka import TopicPartition
-
-    tp = TopicPartition(rng.topic, rng.partition)
-    consumer = _consumer(bootstrap)
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, rng.start)
-        position = rng.start
-        deadline = time.monotonic() + _FETCH_TIMEOUT_S
-        while position < rng.end:
-            batch = consumer.poll(timeout_ms=500, max_records=5000).get(tp, [])
-            if not batch and time.monotonic() > deadline:
-                raise KafkaSourceError(
-                    f"{rng.topic}:{rng.partition} stopped at offset {position}, "
-                    f"expected records up to {rng.end - 1}"
-                )
-            for record in batch:
-                if record.offset >= rng.end:
-                    return
-                position = record.offset + 1
-                deadline = time.monotonic() + _FETCH_TIMEOUT_S
-                yield (
-                    record.key,
-                    record.value,
-                    rng.topic,
-                    rng.partition,
-                    record.offset,
-                    dt.datetime.fromtimestamp(record.timestamp / 1000, tz=dt.timezone.utc),
-                    record.timestamp_type,
-                )
-    finally:
-        consumer.close()
+    for record in read_records(bootstrap, rng.topic, rng.partition, rng.start, rng.end):
+        yield (
+            record.key,
+            record.value,
+            rng.topic,
+            rng.partition,
+            record.offset,
+            dt.datetime.fromtimestamp(record.timestamp / 1000, tz=dt.timezone.utc),
+            record.timestamp_type,
+        )
 
 
 class KafkaStreamReader(DataSourceStreamReader):
@@ -159,7 +98,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def _client(self):
         if self._consumer is None:
-            self._consumer = _consumer(self.bootstrap)
+            self._consumer = consumer(self.bootstrap)
         return self._consumer
 
     def _partitions(self) -> list:

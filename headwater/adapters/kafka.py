@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -58,3 +59,71 @@ def producer(bootstrap: str, **overrides) -> KafkaProducer:
     )
     settings.update(overrides)
     return KafkaProducer(**settings)
+
+
+FETCH_TIMEOUT_S = 30.0
+
+
+class KafkaSourceError(RuntimeError):
+    """Records could not be read from the broker in time."""
+
+
+def consumer(bootstrap: str) -> KafkaConsumer:
+    """A group-less consumer for reading by explicit offsets."""
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=1000,
+        request_timeout_ms=30000,
+    )
+
+
+def high_watermarks(client: KafkaConsumer, partitions: dict) -> dict:
+    """Fetched high-water marks for ``{TopicPartition: position_to_fetch_from}``.
+
+    One fetch per partition at a known position makes the broker report its
+    high-water mark; ``client.highwater`` then holds it. Unassigning first drops the
+    marks of earlier calls, so every mark returned is fresh.
+    """
+    client.unsubscribe()
+    client.assign(list(partitions))
+    for tp, position in partitions.items():
+        client.seek(tp, position)
+    deadline = time.monotonic() + FETCH_TIMEOUT_S
+    while True:
+        marks = {tp: client.highwater(tp) for tp in partitions}
+        if all(mark is not None for mark in marks.values()):
+            return marks
+        if time.monotonic() > deadline:
+            missing = [f"{tp.topic}:{tp.partition}" for tp, m in marks.items() if m is None]
+            raise KafkaSourceError(f"no high-water mark from the broker for {missing}")
+        # Records fetched here are discarded: only the marks that come with them count.
+        client.poll(timeout_ms=200, max_records=1, update_offsets=False)
+        for tp, position in partitions.items():
+            client.seek(tp, position)
+
+
+def read_records(bootstrap: str, topic: str, partition: int, start: int, end: int) -> Iterator:
+    """The records at offsets ``start`` (inclusive) to ``end`` (exclusive), in order."""
+    tp = TopicPartition(topic, partition)
+    client = consumer(bootstrap)
+    try:
+        client.assign([tp])
+        client.seek(tp, start)
+        position = start
+        deadline = time.monotonic() + FETCH_TIMEOUT_S
+        while position < end:
+            batch = client.poll(timeout_ms=500, max_records=5000).get(tp, [])
+            if not batch and time.monotonic() > deadline:
+                raise KafkaSourceError(
+                    f"{topic}:{partition} stopped at offset {position}, expected records up to {end - 1}"
+                )
+            for record in batch:
+                if record.offset >= end:
+                    return
+                position = record.offset + 1
+                deadline = time.monotonic() + FETCH_TIMEOUT_S
+                yield record
+    finally:
+        client.close()

@@ -52,6 +52,7 @@ class RawNode(TypedDict):
     """One Spark plan node as read off the JVM: what the IR is built from and logged as."""
 
     spark_class: str  # simple class name, e.g. "Project"
+    location: dict | None  # {"paths": [...], "format": "parquet"} for file-backed relations
     num_children: int
     streaming: bool
     output: list[RawAttr]
@@ -120,15 +121,6 @@ def _alias_name(fields: dict) -> str | None:
     return None
 
 
-def _location(fields: dict) -> str | None:
-    relation = fields.get("relation")
-    if isinstance(relation, dict):
-        for key in ("location", "rootPaths", "paths"):
-            if relation.get(key):
-                return str(relation[key])
-    return None
-
-
 def build(raw: list[RawNode]) -> PlanNode:
     """The IR of a plan given as its pre-order list of raw nodes."""
     position = 0
@@ -156,7 +148,7 @@ def build(raw: list[RawNode]) -> PlanNode:
         elif kind == "Alias":
             detail["name"] = _alias_name(fields)
         elif kind == "Source":
-            detail["location"] = _location(fields)
+            detail["location"] = node.get("location")
         output = [Attr(a["name"], a["expr_id"], a["dtype"]) for a in node["output"]]
         return PlanNode(node_id, kind, cls, node["streaming"], output, children, detail)
 
@@ -183,7 +175,7 @@ def _fold_static(node: PlanNode) -> PlanNode:
     return node
 
 
-def _first_location(node: PlanNode) -> str | None:
+def _first_location(node: PlanNode) -> dict | None:
     return next((n.detail.get("location") for n in node.walk() if n.detail.get("location")), None)
 
 
@@ -193,8 +185,8 @@ def static_name(node: PlanNode) -> str:
         if n.kind == "Alias" and n.detail.get("name"):
             return n.detail["name"]
         location = n.detail.get("location")
-        if location:
-            tail = location.strip("[]").split(",")[0].rstrip("/").rsplit("/", 1)[-1]
+        if location and location["paths"]:
+            tail = location["paths"][0].rstrip("/").rsplit("/", 1)[-1]
             return tail.split(".", 1)[0] or f"static_{node.id}"
     return f"static_{node.id}"
 

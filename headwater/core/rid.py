@@ -21,6 +21,9 @@ OUTPUT = "out"
 
 SPARK_SEED = 42
 
+# Between the parts of a composite static-table key, in a rid and in a row's ``key``.
+KEY_SEPARATOR = "\x1f"
+
 _M = (1 << 64) - 1
 _P1 = 0x9E3779B185EBCA87
 _P2 = 0xC2B2AE3D27D4EB4F
@@ -122,6 +125,10 @@ def kafka_rid(topic: str, partition: int, offset: int) -> int:
     return spark_xxhash64(KAFKA, topic, Int(partition), offset)
 
 
-def table_rid(table: str, key: str) -> int:
-    """The rid of the row of static table ``table`` whose key (as text) is ``key``."""
-    return spark_xxhash64(TABLE, table, key)
+def table_rid(table: str, key: str | tuple[str, ...]) -> int:
+    """The rid of the row of static table ``table`` whose key (as text) is ``key``.
+
+    A composite key is given as a tuple of its parts as text.
+    """
+    text = key if isinstance(key, str) else KEY_SEPARATOR.join(key)
+    return spark_xxhash64(TABLE, table, text)

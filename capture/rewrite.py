@@ -1,0 +1,130 @@
+"""Threading rid columns from every source of a plan to its sink (Perm/Smoke style).
+
+Each source gets one struct column ``_hw_src_<node id>`` holding its rid and
+coordinates, added right above the source; every operator above passes it on:
+filters and aliases unchanged, projections by appending it, joins by keeping both
+sides' (a semi or anti join only the left's). The user's own expressions are never
+re-derived: the rewritten plan is the analyzed plan with columns added, so exprIds
+and semantics stay as the user wrote them.
+
+Operators not handled here raise ``UnsupportedPlanError`` naming the node, rather than
+produce wrong edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from headwater.core import rid as rids
+from headwater.core.plan import PlanNode
+
+from .spark_plan import Jvm, analyzed, plan_ir
+
+SOURCE_PREFIX = "_hw_src_"
+RID_COLUMN = "_hw_rid"
+
+_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark"}
+_JOINS_KEEPING_LEFT_ONLY = {"leftsemi", "leftanti"}
+
+
+class UnsupportedPlanError(ValueError):
+    """The plan holds an operator capture cannot yet trace exactly."""
+
+    def __init__(self, node: PlanNode, reason: str):
+        self.node = node
+        super().__init__(
+            f"cannot trace plan node {node.spark_class} (#{node.id}, {node.kind}): {reason}. "
+            f"Rewrite the query without it, or mark it a black box (superset lineage) once "
+            f"black boxes are supported for it."
+        )
+
+
+@dataclass(frozen=True)
+class TracedSource:
+    """One source of a traced plan, as the per-batch hook needs it."""
+
+    node_id: int
+    column: str  # the struct column threaded to the sink
+    source: str  # kafka | static
+    dataset: str | None  # static table name; Kafka rows are named by their topic
+    key: tuple[str, ...]  # declared key columns of a static table, empty for a content hash
+    location: dict | None  # {"paths": [...], "format": ...} of a file-backed table
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "key": list(self.key)}
+
+
+def _static_key(df: DataFrame, key: tuple[str, ...]) -> Column:
+    texts = [F.col(f"`{k}`").cast("string") for k in key]
+    return texts[0] if len(texts) == 1 else F.concat_ws(rids.KEY_SEPARATOR, *texts)
+
+
+def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]]) -> tuple[Column, TracedSource]:
+    """The ``_hw_src_<id>`` struct for rows of source ``node`` (a DataFrame over it)."""
+    name = f"{SOURCE_PREFIX}{node.id}"
+    kind = node.detail.get("source")
+    if kind == "kafka":
+        rid = F.xxhash64(F.lit(rids.KAFKA), F.col("topic"), F.col("partition"), F.col("offset"))
+        struct = F.struct(rid.alias("rid"), F.col("topic"), F.col("partition"), F.col("offset"))
+        return struct.alias(name), TracedSource(node.id, name, "kafka", None, (), None)
+    if kind == "static":
+        table = node.detail["name"]
+        key = tuple(keys.get(table, ()))
+        missing = [k for k in key if k not in df.columns]
+        if missing:
+            raise UnsupportedPlanError(node, f"declared key {missing} of table {table!r} is not among its columns {df.columns}")
+        if key:
+            text = _static_key(df, key)
+            rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), text)
+        else:
+            text = F.lit(None).cast("string")
+            rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), *[F.col(f"`{c}`") for c in df.columns])
+        struct = F.struct(rid.alias("rid"), text.alias("key"))
+        return struct.alias(name), TracedSource(node.id, name, "static", table, key, node.detail.get("location"))
+    raise UnsupportedPlanError(
+        node, "only Kafka-shaped stream sources (topic, partition, offset columns) and static tables are traced so far"
+    )
+
+
+@dataclass(frozen=True)
+class Threaded:
+    df: DataFrame  # the user's DataFrame plus one ``_hw_src_<id>`` column per source
+    ir: PlanNode
+    sources: list[TracedSource]
+
+
+def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -> Threaded:
+    keys = keys or {}
+    clash = [c for c in df.columns if c == RID_COLUMN or c.startswith(SOURCE_PREFIX)]
+    if clash:
+        raise ValueError(f"columns {clash} clash with headwater's own; rename them")
+    jvm = Jvm(df.sparkSession)
+    ir, jnodes = plan_ir(df)
+    traced: list[TracedSource] = []
+
+    def rewrite(node: PlanNode):
+        """(new JVM plan, the rid attributes it outputs) for the subtree at ``node``."""
+        original = jnodes[node.id]
+        if node.kind == "Source":
+            source_df = jvm.dataframe(original)
+            column, spec = source_column(source_df, node, keys)
+            traced.append(spec)
+            plan = analyzed(source_df.select("*", column))
+            return plan, [Jvm.items(plan.output())[-1]]
+        if node.kind not in _PASS_THROUGH | {"Project", "Join"}:
+            raise UnsupportedPlanError(node, f"{node.kind} operators are not traced yet")
+        rewritten = [rewrite(child) for child in node.children]
+        children = [plan for plan, _ in rewritten]
+        if node.kind == "Join" and node.detail["join_type"] in _JOINS_KEEPING_LEFT_ONLY:
+            rid_attrs = rewritten[0][1]
+        else:
+            rid_attrs = [a for _, attrs in rewritten for a in attrs]
+        if node.kind == "Project":
+            return jvm.project(Jvm.items(original.projectList()) + rid_attrs, children[0]), rid_attrs
+        return jvm.with_children(original, children), rid_attrs
+
+    plan, _ = rewrite(ir)
+    return Threaded(jvm.dataframe(plan), ir, sorted(traced, key=lambda s: s.node_id))

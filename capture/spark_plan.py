@@ -1,0 +1,89 @@
+"""Reading and rebuilding Spark's analyzed logical plans through py4j.
+
+The only module that touches Catalyst objects; everything it reads becomes plain
+records for ``headwater.core.plan``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from py4j.java_collections import ListConverter
+from pyspark.sql import DataFrame, SparkSession
+
+from headwater.core.plan import PlanNode, RawNode, build
+
+
+class Jvm:
+    """py4j access to Catalyst for one SparkSession."""
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+        self.jvm = spark._jvm
+        self._client = spark.sparkContext._gateway._gateway_client
+
+    def seq(self, items: list):
+        java_list = ListConverter().convert(items, self._client)
+        return self.jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list).toList()
+
+    @staticmethod
+    def items(scala_seq) -> list:
+        return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+    def dataframe(self, plan) -> DataFrame:
+        jss = self.spark._jsparkSession
+        return DataFrame(self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(jss, plan), self.spark)
+
+    def project(self, named_expressions: list, child):
+        return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Project(self.seq(named_expressions), child)
+
+    def with_children(self, plan, children: list):
+        return plan.withNewChildren(self.seq(children))
+
+
+def analyzed(df: DataFrame):
+    return df._jdf.queryExecution().analyzed()
+
+
+def preorder(plan) -> list:
+    """The JVM plan nodes in pre-order: index i is IR node id i."""
+    found = [plan]
+    for child in Jvm.items(plan.children()):
+        found.extend(preorder(child))
+    return found
+
+
+def raw_node(node) -> RawNode:
+    output = [
+        {"name": a.name(), "expr_id": a.exprId().id(), "dtype": a.dataType().simpleString()}
+        for a in Jvm.items(node.output())
+    ]
+    try:
+        fields = json.loads(node.toJSON())[0]
+    except Exception:  # some nodes hold values Spark cannot render as JSON
+        fields = {"class": node.getClass().getName()}
+    return {
+        "spark_class": node.getClass().getSimpleName(),
+        "location": _file_location(node),
+        "num_children": node.children().size(),
+        "streaming": bool(node.isStreaming()),
+        "output": output,
+        "fields": fields,
+    }
+
+
+def _file_location(node) -> dict | None:
+    """Root paths and format of a file-backed relation (Spark's JSON leaves them out)."""
+    if node.getClass().getSimpleName() != "LogicalRelation":
+        return None
+    relation = node.relation()
+    if relation.getClass().getSimpleName() != "HadoopFsRelation":
+        return None
+    paths = [p.toString() for p in Jvm.items(relation.location().rootPaths())]
+    return {"paths": paths, "format": relation.fileFormat().toString().lower()}
+
+
+def plan_ir(df: DataFrame) -> tuple[PlanNode, list]:
+    """The IR of ``df``'s analyzed plan and the JVM nodes indexed by IR node id."""
+    nodes = preorder(analyzed(df))
+    return build([raw_node(n) for n in nodes]), nodes

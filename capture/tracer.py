@@ -1,0 +1,209 @@
+"""The capture entry points: ``attach(spark) -> Tracer`` and ``Tracer.trace(df)``.
+
+``trace`` wraps only the user's final DataFrame. Its ``.writeStream`` mirrors
+``DataStreamWriter``; ``start()`` runs the rid-threaded plan as a ``foreachBatch``
+query whose per-batch hook writes the user's rows (plus ``_hw_rid``) to the user's
+sink and publishes the batch's lineage from the executors.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from headwater.adapters.kafka import ensure_topics, producer
+from headwater.core import config as configuration
+from headwater.core import rid as rids
+from headwater.core.config import Config
+from headwater.core.plan import column_masks
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
+
+from .kafka_source import KafkaSource
+from .lineage import BatchContext, SourceEdges
+from .publish import STATS_SCHEMA, PublishTarget, publish_partition
+from .rewrite import RID_COLUMN, Threaded, thread_rids
+from .sinks import SinkSpec, write_batch
+
+log = logging.getLogger("headwater.capture")
+
+
+def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tracer":
+    """Prepare ``spark`` for tracing: topics exist, the Kafka source is registered.
+
+    ``settings`` override fields of ``Config`` (e.g. ``bootstrap="127.0.0.1:9092"``).
+    """
+    config = (config or configuration.load()).with_overrides(**settings)
+    ensure_topics(config.bootstrap, [config.edges_topic, config.log_topic], config.topic_partitions)
+    spark.dataSource.register(KafkaSource)
+    return Tracer(spark, config)
+
+
+class Tracer:
+    def __init__(self, spark: SparkSession, config: Config):
+        self.spark = spark
+        self.config = config
+        self._log_producer = None
+
+    def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True) -> "Traced":
+        """Trace the streaming DataFrame ``df`` as query ``name``.
+
+        ``keys`` declares static tables' primary keys, ``{"customers": "customer_id"}``
+        (a tuple for composite keys); a table without one is keyed by its row content.
+        ``emit_rid=False`` leaves ``_hw_rid`` out of the sink.
+        """
+        if not df.isStreaming:
+            raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
+        keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
+        return Traced(self, thread_rids(df, keys), name, emit_rid)
+
+    def publish_log(self, schema: str, **fields) -> None:
+        if self._log_producer is None:
+            self._log_producer = producer(self.config.bootstrap, linger_ms=0)
+        key = str(fields.get("query", "")).encode()
+        self._log_producer.send(self.config.log_topic, key=key, value=encode_log(schema, **fields))
+        self._log_producer.flush(timeout=10)
+
+
+@dataclass
+class Traced:
+    tracer: Tracer
+    threaded: Threaded
+    name: str
+    emit_rid: bool
+
+    @property
+    def writeStream(self) -> "TracedWriter":
+        return TracedWriter(self)
+
+
+class TracedWriter:
+    """Mirrors ``DataStreamWriter``; every method returns the writer, ``start`` the query."""
+
+    def __init__(self, traced: Traced):
+        self._traced = traced
+        self._sink = SinkSpec()
+        self._output_mode = None
+        self._trigger: dict = {}
+        self._query_name = None
+        self._checkpoint = None
+
+    def format(self, source: str) -> "TracedWriter":
+        self._sink.format = source
+        return self
+
+    def option(self, key: str, value) -> "TracedWriter":
+        if key == "checkpointLocation":
+            self._checkpoint = str(value)
+        else:
+            self._sink.options[key] = str(value)
+        return self
+
+    def options(self, **options) -> "TracedWriter":
+        for key, value in options.items():
+            self.option(key, value)
+        return self
+
+    def outputMode(self, mode: str) -> "TracedWriter":
+        self._output_mode = mode
+        return self
+
+    def trigger(self, **trigger) -> "TracedWriter":
+        self._trigger = trigger
+        return self
+
+    def queryName(self, name: str) -> "TracedWriter":
+        self._query_name = name
+        return self
+
+    def foreachBatch(self, func) -> "TracedWriter":
+        self._sink.foreach_batch = func
+        return self
+
+    def toTable(self, tableName: str, **options) -> StreamingQuery:
+        self._sink.table = tableName
+        return self.start(**options)
+
+    def start(self, path: str | None = None, format: str | None = None, outputMode: str | None = None,
+              queryName: str | None = None, **options) -> StreamingQuery:
+        if path:
+            self._sink.options["path"] = path
+        if format:
+            self._sink.format = format
+        if outputMode:
+            self._output_mode = outputMode
+        if queryName:
+            self._query_name = queryName
+        self.options(**options)
+
+        traced = self._traced
+        hook = BatchHook(traced, self._sink)
+        writer = traced.threaded.df.writeStream.foreachBatch(hook)
+        if self._output_mode:
+            writer = writer.outputMode(self._output_mode)
+        if self._trigger:
+            writer = writer.trigger(**self._trigger)
+        writer = writer.queryName(self._query_name or traced.name)
+        if self._checkpoint:
+            writer = writer.option("checkpointLocation", self._checkpoint)
+        traced.tracer.publish_log(
+            LOG_PLAN, query=traced.name, sink=self._sink.describe(), ir=traced.threaded.ir.to_dict(),
+            sources=[s.to_dict() for s in traced.threaded.sources], at=time.time(),
+        )
+        return writer.start()
+
+
+class BatchHook:
+    """The per-batch hook: user's rows to the user's sink, lineage to the edges topic."""
+
+    def __init__(self, traced: Traced, sink: SinkSpec):
+        self.traced = traced
+        self.sink = sink
+        threaded = traced.threaded
+        masks = column_masks(threaded.ir)
+        self.sources = tuple(
+            SourceEdges(s.column, s.source, s.dataset, masks[s.node_id]) for s in threaded.sources
+        )
+        config = traced.tracer.config
+        self.target = PublishTarget(config.bootstrap, config.edges_topic)
+
+    def output_rid(self, batch_id: int):
+        parts = [F.col(f"{s.column}.rid") for s in self.sources]
+        return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.traced.name),
+                          F.lit(batch_id).cast("long"), *parts)
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        source_columns = [s.column for s in self.sources]
+        user_columns = [c for c in batch_df.columns if c not in source_columns]
+        out = batch_df.withColumn(RID_COLUMN, self.output_rid(batch_id)).persist()
+        try:
+            write_batch(out.select(*user_columns, *([RID_COLUMN] if self.traced.emit_rid else [])),
+                        self.sink, batch_id)
+            stats = self._publish(out, batch_id)
+        finally:
+            out.unpersist()
+        status = "full" if stats["failed_edges"] == 0 and stats.get("error") is None else "failed"
+        self.traced.tracer.publish_log(
+            LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
+            seconds=round(time.monotonic() - started, 3), **stats,
+        )
+
+    def _publish(self, out: DataFrame, batch_id: int) -> dict:
+        ctx = BatchContext(self.traced.name, self.traced.name, batch_id, self.traced.threaded.ir.id, self.sources)
+        fn = functools.partial(publish_partition, ctx=ctx, target=self.target)
+        columns = [RID_COLUMN, *[s.column for s in self.sources]]
+        try:
+            totals = out.select(*columns).mapInArrow(fn, STATS_SCHEMA).agg(
+                *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in ("edges", "nodes", "bytes", "messages", "failed_edges")]
+            ).collect()[0].asDict()
+        except Exception as exc:  # lineage must never stop the user's stream
+            log.exception("publishing lineage of batch %s failed", batch_id)
+            return {"edges": 0, "nodes": 0, "bytes": 0, "messages": 0, "failed_edges": 0, "error": str(exc)[:500]}
+        totals["rows_out"] = out.count()
+        return totals

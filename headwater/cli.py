@@ -1,0 +1,185 @@
+"""The ``headwater`` command. Answers are JSON lines on stdout; errors a JSON line on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from headwater.core import config as configuration
+from headwater.core import rid as rids
+
+
+def _home(ctx: click.Context) -> Path:
+    return ctx.obj["home"]
+
+
+def _emit(record: dict) -> None:
+    click.echo(json.dumps(record, default=str))
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(json.dumps({"error": message}), err=True)
+    sys.exit(code)
+
+
+@click.group()
+@click.option("--home", type=click.Path(path_type=Path), default=None,
+              help="State folder of the local stack (default $HEADWATER_HOME or ~/.headwater).")
+@click.pass_context
+def main(ctx: click.Context, home: Path | None) -> None:
+    """headwater: row-level lineage for Spark Structured Streaming."""
+    ctx.obj = {"home": (home or configuration.default_home()).resolve()}
+
+
+@main.group()
+def stack() -> None:
+    """The embedded local stack: Kafka-protocol broker and Bolt graph server on 127.0.0.1."""
+
+
+@stack.command("up")
+@click.option("--broker-port", type=int, default=9092, show_default=True)
+@click.option("--bolt-port", type=int, default=7687, show_default=True)
+@click.option("--http-port", type=int, default=2480, show_default=True, help="The graph server's HTTP port.")
+@click.pass_context
+def stack_up(ctx: click.Context, broker_port: int, bolt_port: int, http_port: int) -> None:
+    """Start what is not running and wait until each part answers."""
+    from headwater.deploy.stack import Stack, StackError
+
+    ports = {"broker": broker_port, "bolt": bolt_port, "graph_http": http_port}
+    try:
+        statuses = Stack(_home(ctx), ports, say=lambda s: click.echo(s, err=True)).up()
+    except StackError as exc:
+        _fail(str(exc))
+    for status in statuses:
+        _emit(status.to_dict())
+
+
+@stack.command("down")
+@click.pass_context
+def stack_down(ctx: click.Context) -> None:
+    """Stop exactly the processes `stack up` started."""
+    from headwater.deploy.stack import Stack
+
+    stopped = Stack(_home(ctx), say=lambda s: click.echo(s, err=True)).down()
+    _emit({"stopped": stopped})
+
+
+@stack.command("status")
+@click.pass_context
+def stack_status(ctx: click.Context) -> None:
+    """Each part's health; exit status 1 when any part is not healthy."""
+    from headwater.deploy.stack import Stack
+
+    statuses = Stack(_home(ctx)).status()
+    for status in statuses:
+        _emit(status.to_dict())
+    sys.exit(0 if all(s.healthy for s in statuses) else 1)
+
+
+@main.command("index")
+@click.option("--drain", is_flag=True, help="Stop once caught up with the topics and idle.")
+@click.option("--idle", type=float, default=3.0, show_default=True, help="Seconds idle before --drain stops.")
+@click.option("--max-seconds", type=float, default=None, help="Stop after this long in any case.")
+@click.pass_context
+def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | None) -> None:
+    """Consume the edges and log topics into the graph store."""
+    from headwater.indexer.service import Indexer
+
+    config = configuration.load(_home(ctx))
+    indexer = Indexer(config, say=lambda s: click.echo(s, err=True))
+    try:
+        stats = indexer.run(drain=drain, idle_s=idle, max_seconds=max_seconds)
+    except KeyboardInterrupt:
+        stats = indexer.stats
+    finally:
+        indexer.close()
+    _emit(stats.to_dict())
+
+
+@main.group()
+def lineage() -> None:
+    """Lineage queries, answered as JSON lines."""
+
+
+def parse_source(text: str) -> int:
+    """``kafka:TOPIC:PARTITION:OFFSET`` or ``table:NAME:KEY`` → rid."""
+    kind, _, rest = text.partition(":")
+    if kind == "kafka":
+        topic, _, position = rest.rpartition(":")
+        topic, _, partition = topic.rpartition(":")
+        if topic and partition.isdigit() and position.isdigit():
+            return rids.kafka_rid(topic, int(partition), int(position))
+    elif kind == "table":
+        name, _, key = rest.partition(":")
+        if name and key:
+            return rids.table_rid(name, key)
+    raise click.BadParameter(f"{text!r}: expected kafka:TOPIC:PARTITION:OFFSET or table:NAME:KEY")
+
+
+def _query(ctx: click.Context, direction: str, rid: int | None, source: str | None, to: str, depth: int,
+           payload: bool) -> None:
+    from headwater.adapters.graph import GraphUnavailable
+    from headwater.query.api import LineageClient
+    from headwater.query.backend import LineageError
+
+    if (rid is None) == (source is None):
+        _fail("give exactly one of --rid or --source")
+    start = rid if rid is not None else parse_source(source)
+    try:
+        with LineageClient(configuration.load(_home(ctx))) as client:
+            found = getattr(client, direction)(start, to=to, depth=depth, payload=payload)
+    except (LineageError, GraphUnavailable) as exc:
+        _fail(str(exc))
+    except Exception as exc:  # e.g. the graph store is down
+        _fail(f"{type(exc).__name__}: {exc}", code=1)
+    for row in found:
+        _emit(row.to_dict())
+
+
+_rid = click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid).")
+_source = click.option("--source", default=None, help="kafka:TOPIC:PARTITION:OFFSET or table:NAME:KEY.")
+_depth = click.option("--depth", type=int, default=16, show_default=True)
+_payload = click.option("--payload", is_flag=True, help="Add the original source records.")
+
+
+@lineage.command("backward")
+@_rid
+@_source
+@click.option("--to", default="source", show_default=True, help="source, or a dataset name.")
+@_depth
+@_payload
+@click.pass_context
+def backward(ctx, rid, source, to, depth, payload) -> None:
+    """The inputs a row was derived from."""
+    _query(ctx, "backward", rid, source, to, depth, payload)
+
+
+@lineage.command("forward")
+@_rid
+@_source
+@click.option("--to", default="output", show_default=True, help="output, or a dataset name.")
+@_depth
+@_payload
+@click.pass_context
+def forward(ctx, rid, source, to, depth, payload) -> None:
+    """The rows derived from an input."""
+    _query(ctx, "forward", rid, source, to, depth, payload)
+
+
+@main.command("demo")
+@click.option("--orders", type=int, default=1000, show_default=True)
+@click.option("--keep-stack/--stop-stack", default=True, show_default=True,
+              help="Leave the stack running afterwards for your own queries.")
+@click.pass_context
+def demo(ctx: click.Context, orders: int, keep_stack: bool) -> None:
+    """Run the demo end to end on the embedded local stack and print a lineage answer."""
+    from headwater.demo.run import run
+
+    run(_home(ctx), orders=orders, keep_stack=keep_stack, say=lambda s: click.echo(s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The Python API of the query tier.
+
+    from headwater.query.api import LineageClient
+    with LineageClient() as lineage:
+        for row in lineage.backward(rid):
+            print(row.dataset, row.topic, row.partition, row.offset, row.key)
+"""
+
+from __future__ import annotations
+
+from headwater.core import config as configuration
+from headwater.core.config import Config
+
+from .backend import Lineage
+from .cypher import CypherBackend
+from .payload import attach_payload
+
+BACKENDS = {"cypher": CypherBackend}
+
+
+class LineageClient:
+    def __init__(self, config: Config | None = None, backend: str = "cypher"):
+        self.config = config or configuration.load()
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
+        self.backend = BACKENDS[backend](self.config)
+
+    def __enter__(self) -> "LineageClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def _with_payload(self, found: list[Lineage]) -> list[Lineage]:
+        datasets: dict = {}
+        for item in found:
+            if item.dataset and item.topic is None and item.dataset not in datasets:
+                datasets[item.dataset] = self.backend.dataset(item.dataset)
+            attach_payload(item, self.config.bootstrap, datasets.get(item.dataset))
+        return found
+
+    def backward(self, rid: int, to: str = "source", depth: int = 16, payload: bool = False) -> list[Lineage]:
+        found = self.backend.backward(rid, to=to, depth=depth)
+        return self._with_payload(found) if payload else found
+
+    def forward(self, rid: int, to: str = "output", depth: int = 16, payload: bool = False) -> list[Lineage]:
+        found = self.backend.forward(rid, to=to, depth=depth)
+        return self._with_payload(found) if payload else found
