@@ -128,6 +128,8 @@ def build(raw: list[RawNode]) -> PlanNode:
 
     def take() -> PlanNode:
         nonlocal position, next_id
+        if position >= len(raw):
+            raise ValueError("plan records end inside the tree (a node has fewer children than it says)")
         node = raw[position]
         position += 1
         node_id = next_id

@@ -43,13 +43,14 @@ def order_events(count: int, seed: int = 7, malformed_every: int = 0) -> list[tu
     return events
 
 
-def produce(bootstrap: str, topic: str, events: list[tuple[bytes, bytes]]) -> None:
+def produce(bootstrap: str, topic: str, events: list[tuple[bytes, bytes]]) -> list[tuple[int, int]]:
+    """Send ``events`` in order; returns where each landed, as (partition, offset)."""
     from headwater.adapters.kafka import producer
 
     client = producer(bootstrap)
     try:
-        for key, value in events:
-            client.send(topic, key=key, value=value)
+        futures = [client.send(topic, key=key, value=value) for key, value in events]
         client.flush(timeout=60)
+        return [(meta.partition, meta.offset) for meta in (f.get(timeout=10) for f in futures)]
     finally:
         client.close()

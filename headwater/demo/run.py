@@ -33,12 +33,14 @@ class DemoResult:
 def spark_session(app: str = "headwater"):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     spark = (
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
@@ -65,9 +67,39 @@ def count_malformed(events: list[tuple[bytes, bytes]]) -> int:
     return bad
 
 
-def run_pipeline(spark, config: Config, workdir: Path, topic: str, say: Callable[[str], None],
-                 max_per_batch: int = 400) -> tuple[str, object]:
-    """Run the traced demo pipeline over everything in ``topic``; returns (sink path, query)."""
+def end_offsets(topic: str, coordinates: list[tuple[int, int]]) -> dict[str, int]:
+    """The source offsets (``{"topic:partition": next offset}``) once every event is read."""
+    ends: dict[str, int] = {}
+    for partition, offset in coordinates:
+        key = f"{topic}:{partition}"
+        ends[key] = max(ends.get(key, 0), offset + 1)
+    return ends
+
+
+def run_until(query, until: dict[str, int], say: Callable[[str], None], timeout_s: float = 300.0) -> None:
+    """Let a live ``query`` run until its source has read up to ``until``, then stop it."""
+    deadline = time.monotonic() + timeout_s
+    seen = -1
+    while True:
+        if query.exception():
+            raise RuntimeError(f"the stream failed: {query.exception()}")
+        progress = query.lastProgress
+        if progress is not None and progress.batchId != seen and progress.numInputRows:
+            seen = progress.batchId
+            say(f"  batch {seen}: {progress.numInputRows} events in, {progress.durationMs.get('triggerExecution')} ms")
+        reached = progress is not None and json.loads(progress.sources[0].endOffset or "{}") == until
+        if reached and not query.status["isTriggerActive"]:
+            query.stop()
+            return
+        if time.monotonic() > deadline:
+            query.stop()
+            raise TimeoutError(f"the stream did not reach offsets {until} within {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: dict[str, int],
+                 say: Callable[[str], None], max_per_batch: int = 400):
+    """Run the traced demo pipeline until it has read ``until``; returns (sink path, query)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -86,18 +118,10 @@ def run_pipeline(spark, config: Config, workdir: Path, topic: str, say: Callable
         tracer.trace(df, name="enriched_orders", keys={"customers": "customer_id"})
         .writeStream.format("parquet")
         .option("checkpointLocation", str(workdir / f"checkpoint-{topic}"))
-        .trigger(availableNow=True)
+        .trigger(processingTime="500 milliseconds")
         .start(sink)
     )
-    last = -1
-    while query.isActive:
-        progress = query.lastProgress
-        if progress and progress["batchId"] != last:
-            last = progress["batchId"]
-            say(f"  batch {last}: {progress['numInputRows']} orders in")
-        time.sleep(0.5)
-    if query.exception():
-        raise RuntimeError(f"the demo stream failed: {query.exception()}")
+    run_until(query, until, say)
     return sink, query
 
 
@@ -126,14 +150,14 @@ def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[
 
         ensure_topics(config.bootstrap, [topic], 2)
         events = data.order_events(orders, malformed_every=97)
-        data.produce(config.bootstrap, topic, events)
+        coordinates = data.produce(config.bootstrap, topic, events)
         malformed = count_malformed(events)
         step(f"produced {len(events)} order events to Kafka topic {topic} ({malformed} malformed on purpose)")
 
         step("starting Spark (local[2]) and the traced pipeline")
         spark = spark_session("headwater-demo")
-        sink, query = run_pipeline(spark, config, workdir, topic, say=step)
-        batches = len(query.recentProgress)
+        sink, query = run_pipeline(spark, config, workdir, topic, end_offsets(topic, coordinates), say=step)
+        batches = sum(1 for p in query.recentProgress if p.numInputRows)
         output = spark.read.parquet(sink)
         output_rows = output.count()
         first = output.orderBy("order_id").first()

@@ -1,0 +1,47 @@
+"""Session fixtures: a local stack on free ports and a local SparkSession, both real."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+import pytest
+
+from headwater.deploy.stack import Stack, free_port
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """The embedded broker and graph server, started once for the session, stopped at its end."""
+    home = tmp_path_factory.mktemp("stack")
+    local = Stack(home, ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture(scope="session")
+def stack_config(stack):
+    return stack.config()
+
+
+@pytest.fixture
+def config(stack_config):
+    """The stack's config with topics of this test's own."""
+    tag = uuid.uuid4().hex[:8]
+    return stack_config.with_overrides(
+        edges_topic=f"t{tag}.edges", log_topic=f"t{tag}.log", dlq_topic=f"t{tag}.dlq"
+    )
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from headwater.demo.run import spark_session
+
+    session = spark_session("headwater-tests")
+    yield session
+    session.stop()

@@ -1,0 +1,192 @@
+"""The demo path on the real stack and Spark, checked against the brute-force oracle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from kafka import KafkaConsumer
+
+from headwater.adapters.graph import driver
+from headwater.adapters.kafka import ensure_topics
+from headwater.core.rid import kafka_rid
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, decode_log
+from headwater.demo import orders as data
+from headwater.demo.pipeline import enriched_orders
+from headwater.demo.run import count_malformed, end_offsets, run_pipeline
+from headwater.indexer.service import Indexer
+from headwater.query.api import LineageClient
+from headwater.query.backend import LineageError
+
+from .oracle import as_input, demo_lineage
+
+ORDERS = 1000
+MALFORMED_EVERY = 97
+
+
+def index_all(config) -> object:
+    indexer = Indexer(config)
+    try:
+        return indexer.run(drain=True, idle_s=2.0, max_seconds=180)
+    finally:
+        indexer.close()
+
+
+@pytest.fixture(scope="module")
+def run(spark, stack_config, tmp_path_factory):
+    tag = uuid.uuid4().hex[:8]
+    config = stack_config.with_overrides(edges_topic=f"e2e{tag}.edges", log_topic=f"e2e{tag}.log",
+                                         dlq_topic=f"e2e{tag}.dlq")
+    topic = f"orders-{tag}"
+    ensure_topics(config.bootstrap, [topic], 2)
+    events = data.order_events(ORDERS, malformed_every=MALFORMED_EVERY)
+    coordinates = data.produce(config.bootstrap, topic, events)
+    workdir = tmp_path_factory.mktemp("e2e")
+    sink, query = run_pipeline(spark, config, workdir, topic, end_offsets(topic, coordinates), say=print,
+                               max_per_batch=300)
+    stats = index_all(config)
+    return SimpleNamespace(config=config, topic=topic, events=events, coordinates=coordinates, sink=sink,
+                           query=query, stats=stats, workdir=workdir,
+                           expected=demo_lineage(topic, events, coordinates, data.customers()))
+
+
+def sink_rows(spark, run) -> list:
+    return spark.read.parquet(run.sink).select("order_id", "_hw_rid").collect()
+
+
+def test_the_stream_ran_several_batches_and_skipped_malformed_events(run):
+    assert sum(1 for p in run.query.recentProgress if p.numInputRows) >= 4
+    assert count_malformed(run.events) == ORDERS // MALFORMED_EVERY
+    assert run.stats.dlq == 0
+
+
+def test_backward_lineage_of_every_output_row_equals_the_oracle(spark, run):
+    rows = sink_rows(spark, run)
+    assert sorted(r.order_id for r in rows) == sorted(run.expected)
+    with LineageClient(run.config) as client:
+        for row in rows:
+            found = client.backward(row._hw_rid)
+            assert {as_input(x) for x in found} == run.expected[row.order_id], row.order_id
+            assert all(x.exact and x.via == "edges" and x.kind == "source" for x in found)
+
+
+def test_forward_lineage_of_every_kafka_record_equals_the_oracle(spark, run):
+    rid_of_order = {r.order_id: r._hw_rid for r in sink_rows(spark, run)}
+    outputs_of = {}
+    for order_id, inputs in run.expected.items():
+        for item in inputs:
+            outputs_of.setdefault(item, set()).add(rid_of_order[order_id])
+    with LineageClient(run.config) as client:
+        for partition, offset in run.coordinates:
+            item = ("kafka", run.topic, partition, offset)
+            rid = kafka_rid(run.topic, partition, offset)
+            if item in outputs_of:
+                assert {x.rid for x in client.forward(rid)} == outputs_of[item]
+            else:
+                with pytest.raises(LineageError, match="not in the lineage graph"):
+                    client.forward(rid)
+        for key in {k for k in outputs_of if k[0] == "table"}:
+            from headwater.core.rid import table_rid
+
+            assert {x.rid for x in client.forward(table_rid("customers", key[2]))} == outputs_of[key]
+
+
+def test_outputs_equal_the_untraced_pipeline(spark, run, tmp_path):
+    customers = run.workdir / "customers.parquet"
+    plain = enriched_orders(spark, run.config.bootstrap, run.topic, str(customers))
+    query = (plain.writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(availableNow=True).start(str(tmp_path / "plain")))
+    query.awaitTermination(180)
+    untraced = Counter(tuple(r) for r in spark.read.parquet(str(tmp_path / "plain")).collect())
+    traced_df = spark.read.parquet(run.sink)
+    traced = Counter(tuple(r) for r in traced_df.drop("_hw_rid").select(*plain.columns).collect())
+    assert traced == untraced
+
+
+def test_payload_returns_the_original_records(spark, run):
+    row = sink_rows(spark, run)[0]
+    events_at = {c: v for c, (_, v) in zip(run.coordinates, run.events)}
+    customers = {str(c["customer_id"]): c for c in data.customers()}
+    with LineageClient(run.config) as client:
+        found = client.backward(row._hw_rid, payload=True)
+    for item in found:
+        if item.topic:
+            assert item.payload["value"] == json.loads(events_at[(item.partition, item.offset)])
+        else:
+            assert item.payload == customers[item.key]
+
+
+def test_batch_log_records_plan_and_every_batch(run):
+    consumer = KafkaConsumer(run.config.log_topic, bootstrap_servers=run.config.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    records = [decode_log(m.value) for m in consumer]
+    consumer.close()
+    plans = [r for r in records if r["schema"] == LOG_PLAN]
+    batches = [r for r in records if r["schema"] == LOG_BATCH]
+    assert plans and plans[0]["ir"]["kind"] == "Project"
+    ran = {p.batchId for p in run.query.recentProgress if p.numInputRows}
+    assert {b["batch"] for b in batches} >= ran
+    assert all(b["status"] == "full" and b["failed_edges"] == 0 for b in batches)
+    assert sum(b["edges"] for b in batches) == 2 * len(run.expected) == run.stats.edges
+
+
+def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
+    row = sink_rows(spark, run)[0]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    done = cli("lineage", "backward", "--rid", str(row._hw_rid), "--payload")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {("kafka", x["topic"], x["partition"], x["offset"]) if x["topic"] else ("table", x["dataset"], x["key"])
+            for x in lines} == run.expected[row.order_id]
+    assert all("payload" in x for x in lines)
+
+    partition, offset = next(
+        (p, o) for (p, o), (_, v) in zip(run.coordinates, run.events)
+        if ("kafka", run.topic, p, o) in run.expected[row.order_id]
+    )
+    forward = cli("lineage", "forward", "--source", f"kafka:{run.topic}:{partition}:{offset}")
+    assert [json.loads(line)["rid"] for line in forward.stdout.splitlines()] == [row._hw_rid]
+
+    unknown = cli("lineage", "backward", "--rid", "12345")
+    assert unknown.returncode == 2 and "not in the lineage graph" in json.loads(unknown.stderr)["error"]
+    bad_depth = cli("lineage", "backward", "--rid", str(row._hw_rid), "--depth", "1000")
+    assert bad_depth.returncode == 2 and "depth" in json.loads(bad_depth.stderr)["error"]
+    injection = cli("lineage", "backward", "--rid", str(row._hw_rid), "--to", "x' OR 1=1 //")
+    assert injection.returncode == 0 and injection.stdout == ""
+
+
+def graph_edges(config, rids: list[int]) -> list[tuple]:
+    with driver(config) as d, d.session(database=config.graph_database) as s:
+        return [tuple(r.values()) for r in s.run(
+            "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE b.rid IN $rids RETURN a.rid, b.rid, e.batch, e.op", rids=rids)]
+
+
+def test_a_retried_batch_yields_identical_rids_and_no_duplicate_edges(spark, run):
+    before = sorted(r._hw_rid for r in sink_rows(spark, run))
+    edges_before = graph_edges(run.config, before)
+    assert len(edges_before) == len(set(edges_before)) == 2 * len(before)
+
+    # Make Spark run the last batch again, as after a crash between sink write and commit.
+    commits = Path(run.workdir) / f"checkpoint-{run.topic}" / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        (commits / name).unlink(missing_ok=True)
+    _, again = run_pipeline(spark, run.config, Path(run.workdir), run.topic,
+                            end_offsets(run.topic, run.coordinates), say=print, max_per_batch=300)
+    assert [p.batchId for p in again.recentProgress if p.numInputRows] == [last]
+    index_all(run.config)
+
+    after = sorted(r._hw_rid for r in sink_rows(spark, run))
+    assert after == before
+    edges_after = graph_edges(run.config, after)
+    assert sorted(edges_after) == sorted(edges_before)

@@ -1,0 +1,71 @@
+import pyarrow as pa
+from kafka import KafkaConsumer
+
+from headwater.adapters.kafka import ensure_topics, producer
+from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, NODE_SCHEMA, encode_lineage, encode_log
+from headwater.indexer.service import Indexer
+from headwater.query.api import LineageClient
+
+
+def lineage_payload(src: int, dst: int) -> bytes:
+    nodes = pa.Table.from_pylist([
+        {"rid": src, "kind": "source", "dataset": "kafka:t", "topic": "t", "partition": 0, "offset": src},
+        {"rid": dst, "kind": "output", "dataset": "sink", "query": "q-indexer", "batch": 0},
+    ], schema=NODE_SCHEMA)
+    edges = pa.Table.from_pylist(
+        [{"src": src, "dst": dst, "query": "q-indexer", "batch": 0, "op": 0, "exact": True, "cols": 1}],
+        schema=EDGE_SCHEMA)
+    return encode_lineage(nodes, edges)
+
+
+def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config):
+    ensure_topics(config.bootstrap, [config.edges_topic, config.log_topic, config.dlq_topic], 1)
+    client = producer(config.bootstrap)
+    client.send(config.edges_topic, value=lineage_payload(7001, 7002))
+    client.send(config.edges_topic, value=b"garbage, not a payload")
+    client.send(config.log_topic, value=b'{"no": "schema"}')
+    client.send(config.edges_topic, value=lineage_payload(7003, 7002))
+    client.send(config.log_topic, value=encode_log(LOG_BATCH, query="q-indexer", batch=0, status="full"))
+    client.flush()
+    client.close()
+
+    indexer = Indexer(config)
+    try:
+        stats = indexer.run(drain=True, idle_s=1.5, max_seconds=120)
+    finally:
+        indexer.close()
+    assert stats.dlq == 2
+    assert stats.edges == 2 and stats.log_records == 1
+
+    dlq = KafkaConsumer(config.dlq_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
+                        consumer_timeout_ms=3000)
+    dead = list(dlq)
+    dlq.close()
+    reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
+    assert len(dead) == 2
+    assert "bad magic" in reasons[1] and "schema" in reasons[0]
+    assert {m.value for m in dead} == {b"garbage, not a payload", b'{"no": "schema"}'}
+
+    with LineageClient(config) as lineage:
+        assert sorted(x.rid for x in lineage.backward(7002)) == [7001, 7003]
+
+
+def test_indexing_twice_changes_nothing(config):
+    ensure_topics(config.bootstrap, [config.edges_topic, config.log_topic, config.dlq_topic], 1)
+    client = producer(config.bootstrap)
+    for _ in range(2):
+        client.send(config.edges_topic, value=lineage_payload(8001, 8002))
+    client.flush()
+    client.close()
+    for group in ("first", "second"):  # a second group replays everything again
+        indexer = Indexer(config, group=group)
+        try:
+            indexer.run(drain=True, idle_s=1.5, max_seconds=120)
+        finally:
+            indexer.close()
+    from headwater.adapters.graph import driver
+
+    with driver(config) as d, d.session(database=config.graph_database) as s:
+        count = s.run("MATCH (a:Row {rid: 8001})-[e:DERIVED]->(b:Row {rid: 8002}) RETURN count(e) AS c").single()["c"]
+        nodes = s.run("MATCH (n:Row) WHERE n.rid IN [8001, 8002] RETURN count(n) AS c").single()["c"]
+    assert count == 1 and nodes == 2

@@ -1,0 +1,94 @@
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from headwater.capture import UnsupportedPlanError
+from headwater.capture.kafka_source import KafkaSource
+from headwater.capture.rewrite import thread_rids
+from headwater.capture.spark_plan import plan_ir
+from headwater.core.plan import build, column_masks
+from headwater.demo import orders as data
+from headwater.demo.pipeline import enriched_orders
+
+
+def attr(name, i):
+    return {"name": name, "expr_id": i, "dtype": "bigint"}
+
+
+def ref(i):
+    return {"class": "org.apache.spark.sql.catalyst.expressions.AttributeReference", "exprId": {"id": i}}
+
+
+def alias(i):
+    return {"class": "org.apache.spark.sql.catalyst.expressions.Alias", "exprId": {"id": i}}
+
+
+def node(cls, output, children=0, streaming=True, **fields):
+    return {"spark_class": cls, "num_children": children, "streaming": streaming, "output": output,
+            "fields": fields, "location": None}
+
+
+def test_ir_from_records_classifies_folds_static_subtrees_and_masks_columns():
+    # Project[a, c = b + d] <- Join <- (stream source[a, b], static Filter <- relation[d])
+    raw = [
+        node("Project", [attr("a", 1), attr("c", 9)], 1,
+             projectList=[[ref(1)], [alias(9), {"class": "Add"}, ref(2), ref(4)]]),
+        node("Join", [attr("a", 1), attr("b", 2), attr("d", 4)], 2, joinType={"object": "org.apache.spark.sql.catalyst.plans.Inner$"}),
+        node("StreamingRelationV2", [attr("a", 1), attr("b", 2)]),
+        node("SubqueryAlias", [attr("d", 4)], 1, streaming=False, identifier={"name": "dims"}),
+        node("Filter", [attr("d", 4)], 1, streaming=False),
+        node("LocalRelation", [attr("d", 4)], streaming=False),
+    ]
+    ir = build(raw)
+    assert [n.kind for n in ir.walk()] == ["Project", "Join", "Source", "Source"]
+    stream, static = ir.sources()
+    assert stream.detail["source"] == "stream"
+    assert static.detail["source"] == "static" and static.detail["name"] == "dims"
+    assert ir.children[0].detail["join_type"] == "inner"
+    # a comes only from the stream; c = b + d from both.
+    assert column_masks(ir) == {stream.id: 0b11, static.id: 0b10}
+
+
+def test_ir_rejects_records_that_are_not_one_tree():
+    with pytest.raises(ValueError):
+        build([node("Filter", [], 1)])
+    with pytest.raises(ValueError):
+        build([node("LocalRelation", []), node("LocalRelation", [])])
+
+
+@pytest.fixture
+def demo_df(spark, tmp_path):
+    spark.dataSource.register(KafkaSource)
+    path = tmp_path / "customers.parquet"
+    pq.write_table(pa.Table.from_pylist(data.customers()), path)
+    return enriched_orders(spark, "127.0.0.1:1", "orders", str(path))
+
+
+def test_demo_plan_ir_and_attribute_masks(demo_df):
+    ir, _ = plan_ir(demo_df)
+    kafka, customers = ir.sources()
+    assert kafka.detail["source"] == "kafka"
+    assert customers.detail["source"] == "static" and customers.detail["name"] == "customers"
+    assert customers.detail["location"]["format"] == "parquet"
+    assert [a.name for a in ir.output] == ["order_id", "customer_id", "name", "region", "amount_eur", "event_time"]
+    # order_id, customer_id (the USING key comes from the stream side), amount_eur and
+    # event_time derive from the Kafka value; name and region from customers.
+    assert column_masks(ir) == {kafka.id: 0b110011, customers.id: 0b001100}
+
+
+def test_threaded_plan_keeps_user_columns_and_adds_one_struct_per_source(demo_df):
+    threaded = thread_rids(demo_df, {"customers": ("customer_id",)})
+    assert threaded.df.columns == demo_df.columns + [s.column for s in threaded.sources]
+    assert [s.source for s in threaded.sources] == ["kafka", "static"]
+    assert threaded.df.isStreaming
+
+
+def test_unsupported_operators_fail_clearly_naming_the_node(demo_df):
+    aggregated = demo_df.groupBy("region").count()
+    with pytest.raises(UnsupportedPlanError, match=r"Aggregate .*black box"):
+        thread_rids(aggregated)
+
+
+def test_declared_key_must_exist(demo_df):
+    with pytest.raises(UnsupportedPlanError, match="declared key"):
+        thread_rids(demo_df, {"customers": ("nope",)})
