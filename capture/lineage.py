@@ -34,7 +34,7 @@ class BatchContext:
 
 
 def _const(value, n: int, type_: pa.DataType) -> pa.Array:
-    return pa.array([value] * n, type=type_) if n else pa.array([], type=type_)
+    return pa.repeat(pa.scalar(value, type=type_), n)
 
 
 def _nulls(n: int, type_: pa.DataType) -> pa.Array:

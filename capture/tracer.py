@@ -174,7 +174,7 @@ class BatchHook:
 
     def output_rid(self, batch_id: int):
         parts = [F.col(f"{s.column}.rid") for s in self.sources]
-        return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.traced.name),
+        return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.sink.describe()),
                           F.lit(batch_id).cast("long"), *parts)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:

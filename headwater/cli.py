@@ -139,34 +139,22 @@ def _query(ctx: click.Context, direction: str, rid: int | None, source: str | No
         _emit(row.to_dict())
 
 
-_rid = click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid).")
-_source = click.option("--source", default=None, help="kafka:TOPIC:PARTITION:OFFSET or table:NAME:KEY.")
-_depth = click.option("--depth", type=int, default=16, show_default=True)
-_payload = click.option("--payload", is_flag=True, help="Add the original source records.")
+def _lineage_command(direction: str, default_to: str, summary: str) -> None:
+    @click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid).")
+    @click.option("--source", default=None, help="kafka:TOPIC:PARTITION:OFFSET or table:NAME:KEY.")
+    @click.option("--to", default=default_to, show_default=True, help=f"{default_to}, or a dataset name.")
+    @click.option("--depth", type=int, default=16, show_default=True)
+    @click.option("--payload", is_flag=True, help="Add the original source records.")
+    @click.pass_context
+    def command(ctx, rid, source, to, depth, payload) -> None:
+        _query(ctx, direction, rid, source, to, depth, payload)
+
+    command.__doc__ = summary
+    lineage.command(direction)(command)
 
 
-@lineage.command("backward")
-@_rid
-@_source
-@click.option("--to", default="source", show_default=True, help="source, or a dataset name.")
-@_depth
-@_payload
-@click.pass_context
-def backward(ctx, rid, source, to, depth, payload) -> None:
-    """The inputs a row was derived from."""
-    _query(ctx, "backward", rid, source, to, depth, payload)
-
-
-@lineage.command("forward")
-@_rid
-@_source
-@click.option("--to", default="output", show_default=True, help="output, or a dataset name.")
-@_depth
-@_payload
-@click.pass_context
-def forward(ctx, rid, source, to, depth, payload) -> None:
-    """The rows derived from an input."""
-    _query(ctx, "forward", rid, source, to, depth, payload)
+_lineage_command("backward", "source", "The inputs a row was derived from.")
+_lineage_command("forward", "output", "The rows derived from an input.")
 
 
 @main.command("demo")
