@@ -26,8 +26,14 @@ from .spark_plan import Jvm, analyzed, plan_ir
 SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
 
-_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark"}
-_JOINS_KEEPING_LEFT_ONLY = {"leftsemi", "leftanti"}
+# Operators whose output is their child's output plus, at most, new columns: the rid
+# columns pass through them as they are.
+_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate"}
+# Join types traced by carrying rid columns through the join. An anti join's output
+# derives from its left row alone: no right row contributed to it. A semi join's output
+# also derives from the right rows that matched, which its output cannot carry.
+_JOINS = {"inner", "cross", "leftouter", "rightouter", "fullouter", "leftanti"}
+_JOINS_KEEPING_LEFT_ONLY = {"leftanti"}
 
 
 class UnsupportedPlanError(ValueError):
@@ -89,6 +95,38 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
     )
 
 
+def _null_struct(jvm: Jvm, plan, like):
+    """``CAST(NULL AS <like's type>) AS <like's name>`` as a Catalyst named expression."""
+    from pyspark.sql.types import _parse_datatype_json_string
+
+    dtype = _parse_datatype_json_string(like.dataType().json())
+    helper = jvm.dataframe(plan).select(F.lit(None).cast(dtype).alias(like.name()))
+    return Jvm.items(analyzed(helper).projectList())[0]
+
+
+def union(jvm: Jvm, original, node: PlanNode, rewritten: list):
+    """A Union whose branches all carry every branch's rid columns, null where absent.
+
+    Union is positional: each branch is projected to its user columns followed by
+    the rid columns of all branches in one order.
+    """
+    every = [attr for _, attrs in rewritten for attr in attrs]
+    children = []
+    for plan, attrs in rewritten:
+        own = {a.exprId().id() for a in attrs}
+        columns = _user_attrs(plan, attrs)
+        columns += [a if a.exprId().id() in own else _null_struct(jvm, plan, a) for a in every]
+        children.append(jvm.project(columns, plan))
+    new = jvm.with_children(original, children)
+    return new, Jvm.items(new.output())[len(node.output):]
+
+
+def _user_attrs(plan, rid_attrs: list) -> list:
+    """``plan``'s output without its rid columns, wherever an operator put them."""
+    rid_ids = {a.exprId().id() for a in rid_attrs}
+    return [a for a in Jvm.items(plan.output()) if a.exprId().id() not in rid_ids]
+
+
 @dataclass(frozen=True)
 class Threaded:
     df: DataFrame  # the user's DataFrame plus one ``_hw_src_<id>`` column per source
@@ -114,9 +152,16 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -
             traced.append(spec)
             plan = analyzed(source_df.select("*", column))
             return plan, [Jvm.items(plan.output())[-1]]
-        if node.kind not in _PASS_THROUGH | {"Project", "Join"}:
+        if node.kind not in _PASS_THROUGH | {"Project", "Join", "Union"}:
             raise UnsupportedPlanError(node, f"{node.kind} operators are not traced yet")
+        if node.kind == "Join" and node.detail["join_type"] not in _JOINS:
+            raise UnsupportedPlanError(
+                node, f"{node.detail['join_type']} joins are not traced yet (the matching right rows belong to "
+                      f"the lineage); where the right side has at most one match per row, an inner join is traced"
+            )
         rewritten = [rewrite(child) for child in node.children]
+        if node.kind == "Union":
+            return union(jvm, original, node, rewritten)
         children = [plan for plan, _ in rewritten]
         if node.kind == "Join" and node.detail["join_type"] in _JOINS_KEEPING_LEFT_ONLY:
             rid_attrs = rewritten[0][1]
@@ -126,5 +171,11 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -
             return jvm.project(Jvm.items(original.projectList()) + rid_attrs, children[0]), rid_attrs
         return jvm.with_children(original, children), rid_attrs
 
-    plan, _ = rewrite(ir)
-    return Threaded(jvm.dataframe(plan), ir, sorted(traced, key=lambda s: s.node_id))
+    plan, rid_attrs = rewrite(ir)
+    # The sink sees the user's columns in the user's order, then the rid columns.
+    plan = jvm.project(_user_attrs(plan, rid_attrs) + rid_attrs, plan)
+    # A source whose rows cannot reach the sink (the right side of an anti join) has no
+    # rid column there and no edges.
+    reaching = {a.name() for a in rid_attrs}
+    sources = sorted((s for s in traced if s.column in reaching), key=lambda s: s.node_id)
+    return Threaded(jvm.dataframe(plan), ir, sources)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import ArrayType, MapType, StructType
 
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core import config as configuration
@@ -61,6 +62,11 @@ class Tracer:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
         return Traced(self, thread_rids(df, keys), name, emit_rid)
+
+    def close(self) -> None:
+        if self._log_producer is not None:
+            self._log_producer.close()
+            self._log_producer = None
 
     def publish_log(self, schema: str, **fields) -> None:
         if self._log_producer is None:
@@ -158,6 +164,17 @@ class TracedWriter:
         return writer.start()
 
 
+def _holds_map(dtype) -> bool:
+    """Whether a Spark type is or contains a map, which ``xxhash64`` refuses."""
+    if isinstance(dtype, MapType):
+        return True
+    if isinstance(dtype, ArrayType):
+        return _holds_map(dtype.elementType)
+    if isinstance(dtype, StructType):
+        return any(_holds_map(f.dataType) for f in dtype.fields)
+    return False
+
+
 class BatchHook:
     """The per-batch hook: user's rows to the user's sink, lineage to the edges topic."""
 
@@ -172,19 +189,29 @@ class BatchHook:
         config = traced.tracer.config
         self.target = PublishTarget(config.bootstrap, config.edges_topic)
 
-    def output_rid(self, batch_id: int):
+    def output_rid(self, batch_id: int, content: list[str]):
+        """rid of each output row: its query, sink, batch, input rids and content.
+
+        The content tells apart the rows one input yields (explode); rows alike in
+        content and inputs share a rid, which is their true lineage either way.
+        """
         parts = [F.col(f"{s.column}.rid") for s in self.sources]
         return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.sink.describe()),
-                          F.lit(batch_id).cast("long"), *parts)
+                          F.lit(batch_id).cast("long"), *parts, *[F.col(c) for c in content])
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        source_columns = [s.column for s in self.sources]
-        user_columns = [c for c in batch_df.columns if c not in source_columns]
-        out = batch_df.withColumn(RID_COLUMN, self.output_rid(batch_id)).persist()
+        source_columns = {s.column for s in self.sources}
+        names = batch_df.columns
+        # Positional names: the user's output may repeat a column name.
+        positional = [n if n in source_columns else f"_hw_c{i}" for i, n in enumerate(names)]
+        user = [(p, n) for p, n in zip(positional, names) if n not in source_columns]
+        hashable = [p for p, field in zip(positional, batch_df.schema.fields)
+                    if p not in source_columns and not _holds_map(field.dataType)]
+        out = batch_df.toDF(*positional).withColumn(RID_COLUMN, self.output_rid(batch_id, hashable)).persist()
         try:
-            write_batch(out.select(*user_columns, *([RID_COLUMN] if self.traced.emit_rid else [])),
-                        self.sink, batch_id)
+            rows = out.select(*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else []))
+            write_batch(rows, self.sink, batch_id)
             stats = self._publish(out, batch_id)
         finally:
             out.unpersist()

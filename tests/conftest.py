@@ -38,8 +38,12 @@ def config(stack_config):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(stack):
+    """A local SparkSession; it asks for the stack only so that the stack outlives it."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark's Python workers unpickle the tests' UDFs by module name: let them import tests.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     from headwater.demo.run import spark_session
 
     session = spark_session("headwater-tests")

@@ -92,3 +92,10 @@ def test_unsupported_operators_fail_clearly_naming_the_node(demo_df):
 def test_declared_key_must_exist(demo_df):
     with pytest.raises(UnsupportedPlanError, match="declared key"):
         thread_rids(demo_df, {"customers": ("nope",)})
+
+
+def test_semi_joins_are_refused_rather_than_traced_incompletely(demo_df, spark):
+    customers = demo_df.select("customer_id")
+    semi = demo_df.join(customers.limit(1), "customer_id", "left_semi")
+    with pytest.raises(UnsupportedPlanError, match="leftsemi joins are not traced yet"):
+        thread_rids(semi)

@@ -121,7 +121,10 @@ def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: dict[s
         .trigger(processingTime="500 milliseconds")
         .start(sink)
     )
-    run_until(query, until, say)
+    try:
+        run_until(query, until, say)
+    finally:
+        tracer.close()
     return sink, query
 
 

@@ -1,0 +1,290 @@
+"""Randomized operator pipelines, each runnable by Spark and by a brute-force oracle.
+
+A pipeline is a list of steps. Every step has a Spark form (DataFrame → DataFrame) and
+an oracle form over rows that carry their lineage: ``(values dict, frozenset of
+inputs)``. The oracle follows SQL's three-valued logic where the pipelines need it
+(a filter keeps a row only when its predicate is true, not null).
+
+Lineage semantics the oracle encodes (and capture must match):
+- project, filter, UDFs: an output row derives from the row it was computed from;
+- explode: each element's row derives from the exploded row;
+- union: a row derives from the branch row it came from;
+- inner / left outer join with a static table: from the stream row and, when one
+  matched, the table row; left anti join: from the stream row alone (no table row
+  contributed to it).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+EVENT_SCHEMA = "id long, k int, v int, tags array<int>, s string"
+DIM_KEYS = range(10)
+
+Row = tuple  # (dict, frozenset)
+
+
+def events(count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        if rng.random() < 0.02:
+            out.append(b"{broken json")
+            continue
+        event = {
+            "id": i,
+            "k": rng.randint(0, 13),  # 10..13 have no dims row
+            "v": rng.randint(-50, 50),
+            "tags": None if rng.random() < 0.1 else [rng.randint(0, 3) for _ in range(rng.randint(0, 3))],
+            "s": rng.choice(["a", "b", "c", None]),
+        }
+        out.append(json.dumps(event).encode())
+    return out
+
+
+def dims() -> list[dict]:
+    return [{"k": k, "name": f"dim-{k}", "w": k * 10} for k in DIM_KEYS]
+
+
+def parse(value: bytes) -> dict:
+    """What ``from_json(value, EVENT_SCHEMA)`` then ``select("e.*")`` yields."""
+    try:
+        event = json.loads(value)
+    except ValueError:
+        event = {}
+    return {field: event.get(field) for field in ("id", "k", "v", "tags", "s")}
+
+
+def sql_and(*values):
+    if any(v is False for v in values):
+        return False
+    return None if any(v is None for v in values) else True
+
+
+def cmp(a, op: str, b):
+    if a is None or b is None:
+        return None
+    return {">": a > b, "<": a < b, "=": a == b, "!=": a != b, ">=": a >= b}[op]
+
+
+@dataclass
+class Filter:
+    sql: str
+    oracle: Callable[[dict], object]
+
+    def spark(self, df: DataFrame, env) -> DataFrame:
+        return df.where(self.sql)
+
+    def run(self, rows: list[Row], env) -> list[Row]:
+        return [(r, lin) for r, lin in rows if self.oracle(r) is True]
+
+
+@dataclass
+class With:
+    name: str
+    sql: str
+    oracle: Callable[[dict], object]
+
+    def spark(self, df, env):
+        return df.withColumn(self.name, F.expr(self.sql))
+
+    def run(self, rows, env):
+        return [({**r, self.name: self.oracle(r)}, lin) for r, lin in rows]
+
+
+@dataclass
+class Select:
+    columns: tuple
+
+    def spark(self, df, env):
+        return df.select(*self.columns)
+
+    def run(self, rows, env):
+        return [({c: r[c] for c in self.columns}, lin) for r, lin in rows]
+
+
+def _upper(s):
+    return None if s is None else s.upper() + "!"
+
+
+def _plus_one(series):
+    return series + 1
+
+
+@dataclass
+class PythonUdf:
+    name: str
+    column: str
+
+    def spark(self, df, env):
+        return df.withColumn(self.name, F.udf(_upper, "string")(F.col(self.column)))
+
+    def run(self, rows, env):
+        return [({**r, self.name: _upper(r[self.column])}, lin) for r, lin in rows]
+
+
+@dataclass
+class PandasUdf:
+    name: str
+    column: str
+
+    def spark(self, df, env):
+        return df.withColumn(self.name, F.pandas_udf(_plus_one, "long")(F.col(self.column).cast("long")))
+
+    def run(self, rows, env):
+        return [({**r, self.name: None if r[self.column] is None else r[self.column] + 1}, lin) for r, lin in rows]
+
+
+@dataclass
+class Explode:
+    column: str
+    name: str
+    position: bool = False
+    outer: bool = False
+
+    def spark(self, df, env):
+        fn = {(False, False): F.explode, (False, True): F.explode_outer,
+              (True, False): F.posexplode, (True, True): F.posexplode_outer}[(self.position, self.outer)]
+        names = (f"{self.name}_pos", self.name) if self.position else (self.name,)
+        return df.select("*", fn(self.column).alias(*names))
+
+    def run(self, rows, env):
+        out = []
+        for r, lin in rows:
+            items = r[self.column] or []
+            pairs = list(enumerate(items)) or ([(None, None)] if self.outer else [])
+            for pos, item in pairs:
+                extra = {f"{self.name}_pos": pos} if self.position else {}
+                out.append(({**r, **extra, self.name: item}, lin))
+        return out
+
+
+@dataclass
+class JoinDims:
+    how: str  # inner | left | left_anti
+
+    def spark(self, df, env):
+        return df.join(env.dims_df, "k", self.how)
+
+    def run(self, rows, env):
+        by_key = {d["k"]: d for d in dims()}
+        out = []
+        for r, lin in rows:
+            match = by_key.get(r["k"])
+            if self.how == "left_anti":
+                if match is None:
+                    out.append((r, lin))
+            elif match is not None:
+                out.append(({**r, **match}, lin | {("table", "dims", str(r["k"]))}))
+            elif self.how == "left":
+                out.append(({**r, "name": None, "w": None}, lin))
+        return out
+
+
+@dataclass
+class UnionOf:
+    """``df.where(a).union(df.where(b))``: rows in both branches appear twice."""
+
+    left: Filter
+    right: Filter
+
+    def spark(self, df, env):
+        return self.left.spark(df, env).union(self.right.spark(df, env))
+
+    def run(self, rows, env):
+        return self.left.run(rows, env) + self.right.run(rows, env)
+
+
+PIPELINES = {
+    "filter_project": [
+        Filter("v > 0", lambda r: cmp(r["v"], ">", 0)),
+        With("v2", "v * 2 + k", lambda r: None if None in (r["v"], r["k"]) else r["v"] * 2 + r["k"]),
+        Select(("id", "v2", "k")),
+    ],
+    "explode_filter_join": [
+        Explode("tags", "tag"),
+        Filter("tag != 1", lambda r: cmp(r["tag"], "!=", 1)),
+        JoinDims("inner"),
+        Select(("id", "tag", "name")),
+    ],
+    "left_join_coalesce": [
+        JoinDims("left"),
+        With("label", "coalesce(name, 'none')", lambda r: r["name"] if r["name"] is not None else "none"),
+        Filter("v % 2 = 0", lambda r: None if r["v"] is None else r["v"] % 2 == 0),
+        Select(("id", "label", "w")),
+    ],
+    "udf_filter_join": [
+        PythonUdf("loud", "s"),
+        Filter("loud IS NOT NULL", lambda r: r["loud"] is not None),
+        JoinDims("inner"),
+        Select(("id", "loud", "w")),
+    ],
+    "anti_join": [
+        JoinDims("left_anti"),
+        Filter("v < 10", lambda r: cmp(r["v"], "<", 10)),
+        With("neg", "-v", lambda r: None if r["v"] is None else -r["v"]),
+        Select(("id", "k", "neg")),
+    ],
+    "union_join": [
+        UnionOf(Filter("v > 10", lambda r: cmp(r["v"], ">", 10)), Filter("v < -10 OR v > 40",
+                lambda r: None if r["v"] is None else (r["v"] < -10 or r["v"] > 40))),
+        JoinDims("inner"),
+        Select(("id", "v", "name")),
+    ],
+    "posexplode_left_join": [
+        Explode("tags", "tag", position=True),
+        With("score", "tag_pos * v", lambda r: None if None in (r["tag_pos"], r["v"]) else r["tag_pos"] * r["v"]),
+        Filter("score >= 0", lambda r: cmp(r["score"], ">=", 0)),
+        JoinDims("left"),
+        Select(("id", "tag_pos", "score", "name")),
+    ],
+    "pandas_udf_explode_outer": [
+        PandasUdf("v1", "v"),
+        Filter("v1 > -20", lambda r: cmp(r["v1"], ">", -20)),
+        Explode("tags", "tag", outer=True),
+        Select(("id", "v1", "tag")),
+    ],
+    "two_joins": [
+        JoinDims("inner"),
+        With("k2", "(k + 1) % 10", lambda r: (r["k"] + 1) % 10),
+        Select(("id", "k2", "name")),
+        With("k", "k2", lambda r: r["k2"]),
+        JoinDims("left"),
+        Select(("id", "k2", "w")),
+    ],
+    "six_operators": [
+        Filter("s IS NOT NULL", lambda r: r["s"] is not None),
+        UnionOf(Filter("s = 'a'", lambda r: cmp(r["s"], "=", "a")), Filter("v > 0", lambda r: cmp(r["v"], ">", 0))),
+        Explode("tags", "tag"),
+        JoinDims("inner"),
+        With("tw", "tag + w", lambda r: None if None in (r["tag"], r["w"]) else r["tag"] + r["w"]),
+        Select(("id", "s", "tw")),
+    ],
+    "case_where_join": [
+        With("band", "CASE WHEN v < -10 THEN 'low' WHEN v > 10 THEN 'high' ELSE 'mid' END",
+             lambda r: None if r["v"] is None else ("low" if r["v"] < -10 else "high" if r["v"] > 10 else "mid")),
+        Filter("band != 'mid'", lambda r: cmp(r["band"], "!=", "mid")),
+        JoinDims("inner"),
+        Select(("id", "band", "name", "k")),
+    ],
+}
+
+
+def spark_pipeline(name: str, source: DataFrame, env) -> DataFrame:
+    df = source.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e")).select("e.*")
+    for step in PIPELINES[name]:
+        df = step.spark(df, env)
+    return df
+
+
+def oracle(name: str, topic: str, values: list[bytes], coordinates: list[tuple[int, int]], env) -> list[Row]:
+    rows = [(parse(value), frozenset({("kafka", topic, p, o)})) for value, (p, o) in zip(values, coordinates)]
+    for step in PIPELINES[name]:
+        rows = step.run(rows, env)
+    return rows
