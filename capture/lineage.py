@@ -1,8 +1,9 @@
 """From a batch of threaded sink rows to lineage rows and edges (pure pyarrow).
 
-Input columns: ``_hw_rid`` (the output row's rid) and one ``_hw_src_<id>`` struct per
-source (``rid`` plus coordinates: ``topic, partition, offset`` for Kafka, ``key`` for
-static tables; null where an outer join found no row).
+Input columns: ``_hw_rid`` (the output row's rid) and one ``_hw_src_<id>`` column per
+source: a struct (``rid`` plus coordinates: ``topic, partition, offset`` for Kafka,
+``key`` for static tables; null where an outer join found no row), or, above an
+aggregation, a list of such structs: every row of the group.
 """
 
 from __future__ import annotations
@@ -55,9 +56,13 @@ def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, 
     edge_parts = []
     for src in ctx.sources:
         struct = batch.column(src.column)
+        dst = out
+        if pa.types.is_list(struct.type) or pa.types.is_large_list(struct.type):
+            dst = out.take(pc.list_parent_indices(struct))
+            struct = pc.list_flatten(struct)
         present = pc.is_valid(struct)
         rows = pc.filter(struct, present)
-        dst = pc.filter(out, present)
+        dst = pc.filter(dst, present)
         k = len(rows)
         rid = pc.struct_field(rows, "rid")
         edge_parts.append(

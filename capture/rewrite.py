@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 
 from headwater.core import rid as rids
 from headwater.core.plan import PlanNode
@@ -27,8 +28,9 @@ SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
 
 # Operators whose output is their child's output plus, at most, new columns: the rid
-# columns pass through them as they are.
-_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate"}
+# columns pass through them as they are. Deduplicate keeps one row per key; its output
+# row derives from that row, whose values it is.
+_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate", "Deduplicate"}
 # Join types traced by carrying rid columns through the join. An anti join's output
 # derives from its left row alone: no right row contributed to it. A semi join's output
 # also derives from the right rows that matched, which its output cannot carry.
@@ -97,8 +99,6 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
 
 def _null_struct(jvm: Jvm, plan, like):
     """``CAST(NULL AS <like's type>) AS <like's name>`` as a Catalyst named expression."""
-    from pyspark.sql.types import _parse_datatype_json_string
-
     dtype = _parse_datatype_json_string(like.dataType().json())
     helper = jvm.dataframe(plan).select(F.lit(None).cast(dtype).alias(like.name()))
     return Jvm.items(analyzed(helper).projectList())[0]
@@ -119,6 +119,25 @@ def union(jvm: Jvm, original, node: PlanNode, rewritten: list):
         children.append(jvm.project(columns, plan))
     new = jvm.with_children(original, children)
     return new, Jvm.items(new.output())[len(node.output):]
+
+
+def aggregate(jvm: Jvm, original, plan, attrs: list):
+    """The Aggregate plus, per source, the sorted list of its rows' rid structs (Smoke's rid arrays).
+
+    Spark's own aggregation then decides which input rows an emitted group holds,
+    across micro-batches and after late data is dropped, so the list is exact. Sorting
+    keeps a retried batch's output rids the same.
+    """
+    columns = []
+    for attr in attrs:
+        collected = F.collect_list(F.col(attr.name()))
+        if isinstance(_parse_datatype_json_string(attr.dataType().json()), ArrayType):
+            collected = F.flatten(collected)  # an aggregate over an aggregate's rid lists
+        columns.append(F.array_sort(collected).alias(attr.name()))
+    helper = analyzed(jvm.dataframe(plan).agg(*columns))
+    extra = Jvm.items(helper.aggregateExpressions())
+    new = jvm.aggregate(original, Jvm.items(original.aggregateExpressions()) + extra, plan)
+    return new, Jvm.items(new.output())[-len(extra):] if extra else []
 
 
 def _user_attrs(plan, rid_attrs: list) -> list:
@@ -152,7 +171,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -
             traced.append(spec)
             plan = analyzed(source_df.select("*", column))
             return plan, [Jvm.items(plan.output())[-1]]
-        if node.kind not in _PASS_THROUGH | {"Project", "Join", "Union"}:
+        if node.kind not in _PASS_THROUGH | {"Project", "Join", "Union", "Aggregate", "Expand"}:
             raise UnsupportedPlanError(node, f"{node.kind} operators are not traced yet")
         if node.kind == "Join" and node.detail["join_type"] not in _JOINS:
             raise UnsupportedPlanError(
@@ -162,6 +181,12 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -
         rewritten = [rewrite(child) for child in node.children]
         if node.kind == "Union":
             return union(jvm, original, node, rewritten)
+        if node.kind == "Aggregate":
+            return aggregate(jvm, original, *rewritten[0])
+        if node.kind == "Expand":
+            plan, attrs = rewritten[0]
+            projections = [Jvm.items(p) + attrs for p in Jvm.items(original.projections())]
+            return jvm.expand(projections, Jvm.items(original.output()) + attrs, plan), attrs
         children = [plan for plan, _ in rewritten]
         if node.kind == "Join" and node.detail["join_type"] in _JOINS_KEEPING_LEFT_ONLY:
             rid_attrs = rewritten[0][1]

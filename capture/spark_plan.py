@@ -37,6 +37,14 @@ class Jvm:
     def project(self, named_expressions: list, child):
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Project(self.seq(named_expressions), child)
 
+    def aggregate(self, original, aggregate_expressions: list, child):
+        return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Aggregate(
+            original.groupingExpressions(), self.seq(aggregate_expressions), child, original.hint())
+
+    def expand(self, projections: list[list], output: list, child):
+        return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Expand(
+            self.seq([self.seq(p) for p in projections]), self.seq(output), child)
+
     def with_children(self, plan, children: list):
         return plan.withNewChildren(self.seq(children))
 

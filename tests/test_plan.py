@@ -84,9 +84,9 @@ def test_threaded_plan_keeps_user_columns_and_adds_one_struct_per_source(demo_df
 
 
 def test_unsupported_operators_fail_clearly_naming_the_node(demo_df):
-    aggregated = demo_df.groupBy("region").count()
-    with pytest.raises(UnsupportedPlanError, match=r"Aggregate .*black box"):
-        thread_rids(aggregated)
+    black_box = demo_df.mapInPandas(lambda frames: frames, demo_df.schema)
+    with pytest.raises(UnsupportedPlanError, match=r"MapInPandas .*black box"):
+        thread_rids(black_box)
 
 
 def test_declared_key_must_exist(demo_df):

@@ -30,6 +30,7 @@ _KINDS = {
     "Generate": {"Generate"},
     "Union": {"Union"},
     "Deduplicate": {"Deduplicate", "DeduplicateWithinWatermark"},
+    "Expand": {"Expand"},
     "EventTimeWatermark": {"EventTimeWatermark"},
     "BlackBox": {
         "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas",
@@ -139,11 +140,23 @@ def build(raw: list[RawNode]) -> PlanNode:
         kind = _KIND_OF.get(cls, "Unknown")
         detail: dict = {}
         fields = node["fields"]
-        if kind == "Project":
+        if kind in ("Project", "Aggregate"):
+            listed = fields.get("projectList" if kind == "Project" else "aggregateExpressions", [])
             detail["derives"] = {
                 str(expr[0]["exprId"]["id"]): sorted(_expr_ids(expr[1:]))
-                for expr in fields.get("projectList", [])
+                for expr in listed
                 if expr and expr[0].get("class", "").endswith(".Alias")
+            }
+        elif kind == "Generate":
+            reads = sorted(_expr_ids(fields.get("generator", [])))
+            detail["derives"] = {str(a["exprId"]["id"]): reads
+                                 for out in fields.get("generatorOutput", []) for a in out}
+        elif kind == "Expand":
+            # Output column i of an Expand is, row by row, column i of one of its projections.
+            projections = fields.get("projections", [])
+            detail["derives"] = {
+                str(a["expr_id"]): sorted(set().union(*(_expr_ids(p[i]) for p in projections if i < len(p))))
+                for i, a in enumerate(node["output"])
             }
         elif kind == "Join":
             detail["join_type"] = _join_type(fields)
@@ -194,13 +207,13 @@ def static_name(node: PlanNode) -> str:
 
 
 def derivation(root: PlanNode) -> dict[int, set[int]]:
-    """exprId → exprIds it is computed from, for every attribute a Project makes."""
+    """exprId → exprIds it is computed from, for every attribute an operator makes."""
     derives: dict[int, set[int]] = {}
     for node in root.walk():
-        if node.kind == "Project":
-            for out_id, inputs in node.detail["derives"].items():
-                if inputs:
-                    derives[int(out_id)] = set(inputs)
+        for out_id, inputs in node.detail.get("derives", {}).items():
+            inputs = set(inputs) - {int(out_id)}
+            if inputs:
+                derives.setdefault(int(out_id), set()).update(inputs)
     return derives
 
 
