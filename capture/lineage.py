@@ -1,9 +1,13 @@
-"""From a batch of threaded sink rows to lineage rows and edges (pure pyarrow).
+"""From a batch of threaded rows to lineage rows and edges (pure pyarrow).
 
-Input columns: ``_hw_rid`` (the output row's rid) and one ``_hw_src_<id>`` column per
-source: a struct (``rid`` plus coordinates: ``topic, partition, offset`` for Kafka,
-``key`` for static tables; null where an outer join found no row), or, above an
-aggregation, a list of such structs: every row of the group.
+Input columns: ``_hw_rid`` (the rid of the row the edges end at: an output row, or a
+black box's state node) and one ``_hw_src_<id>`` column per source: a struct (``rid``
+plus coordinates: ``topic, partition, offset`` for Kafka, ``path, position`` for files,
+``key`` for static tables and the rate source; null where an outer join found no row),
+or, above an aggregation, a list of such structs: every row of the group.
+
+A black box's column holds a placeholder struct; its rows' true rid is the black box's
+state node, which only the per-batch hook knows (``SourceEdges.rid``).
 """
 
 from __future__ import annotations
@@ -16,13 +20,24 @@ import pyarrow.compute as pc
 
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
 
+# Source kinds and the coordinates their structs carry, as NODE_SCHEMA fields.
+COORDINATES = {
+    "kafka": ("topic", "partition", "offset"),
+    "file": ("path", "position"),
+    "static": ("key",),
+    "rate": ("key",),
+    "blackbox": (),
+}
+
 
 @dataclass(frozen=True)
 class SourceEdges:
     column: str
-    source: str  # kafka | static
+    source: str  # a key of COORDINATES
     dataset: str | None
     mask: int  # which sink columns derive from this source
+    rid: int | None = None  # the state node's rid, for a black box
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -32,27 +47,41 @@ class BatchContext:
     batch: int
     op: int  # IR id of the node the edges end at (the sink's root for end-to-end edges)
     sources: tuple[SourceEdges, ...]
+    dst_kind: str = "output"  # or "state": the edges end at a black box's state node
+    dst_dataset: str | None = None  # the dataset of the rows edges end at; the sink by default
+    exact: bool = True  # False: every edge is a superset edge (into a black box)
 
 
 def _const(value, n: int, type_: pa.DataType) -> pa.Array:
     return pa.repeat(pa.scalar(value, type=type_), n)
 
 
-def _nulls(n: int, type_: pa.DataType) -> pa.Array:
-    return pa.nulls(n, type=type_)
+def _node_table(rid: pa.Array, kind: str, dataset, values: dict, query=None, batch=None) -> pa.Table:
+    n = len(rid)
+    columns = {"rid": rid, "kind": _const(kind, n, pa.string()), "dataset": dataset,
+               "query": _const(query, n, pa.string()), "batch": _const(batch, n, pa.int64()), **values}
+    return pa.table([columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in NODE_SCHEMA],
+                    schema=NODE_SCHEMA)
+
+
+def _source_nodes(rows: pa.Array, rid: pa.Array, src: SourceEdges) -> pa.Table:
+    n = len(rid)
+    values = {name: pc.struct_field(rows, name) for name in COORDINATES[src.source]}
+    if src.source == "kafka":
+        dataset = pc.binary_join_element_wise("kafka", values["topic"], ":")
+    elif src.source == "file":
+        dataset = pc.binary_join_element_wise("file", values["path"], ":")
+    else:
+        dataset = _const(src.dataset, n, pa.string())
+    kind = "state" if src.source == "blackbox" else "source"
+    return _node_table(rid, kind, dataset, values)
 
 
 def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, pa.Table]:
     out = batch.column("_hw_rid")
     n = len(out)
-    node_parts = [
-        pa.table(
-            [out, _const("output", n, pa.string()), _const(ctx.sink, n, pa.string()),
-             _const(ctx.query, n, pa.string()), _const(ctx.batch, n, pa.int64()),
-             _nulls(n, pa.string()), _nulls(n, pa.int32()), _nulls(n, pa.int64()), _nulls(n, pa.string())],
-            schema=NODE_SCHEMA,
-        )
-    ]
+    dst_dataset = ctx.dst_dataset or ctx.sink
+    node_parts = [_node_table(out, ctx.dst_kind, _const(dst_dataset, n, pa.string()), {}, ctx.query, ctx.batch)]
     edge_parts = []
     for src in ctx.sources:
         struct = batch.column(src.column)
@@ -64,28 +93,16 @@ def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, 
         rows = pc.filter(struct, present)
         dst = pc.filter(dst, present)
         k = len(rows)
-        rid = pc.struct_field(rows, "rid")
+        rid = _const(src.rid, k, pa.int64()) if src.rid is not None else pc.struct_field(rows, "rid")
         edge_parts.append(
             pa.table(
                 [rid, dst, _const(ctx.query, k, pa.string()), _const(ctx.batch, k, pa.int64()),
-                 _const(ctx.op, k, pa.int32()), _const(True, k, pa.bool_()), _const(src.mask, k, pa.int64())],
+                 _const(ctx.op, k, pa.int32()), _const(src.exact and ctx.exact, k, pa.bool_()),
+                 _const(src.mask, k, pa.int64())],
                 schema=EDGE_SCHEMA,
             )
         )
-        if src.source == "kafka":
-            topic = pc.struct_field(rows, "topic")
-            coords = [pc.binary_join_element_wise("kafka", topic, ":"), topic,
-                      pc.struct_field(rows, "partition"), pc.struct_field(rows, "offset"), _nulls(k, pa.string())]
-        else:
-            coords = [_const(src.dataset, k, pa.string()), _nulls(k, pa.string()), _nulls(k, pa.int32()),
-                      _nulls(k, pa.int64()), pc.struct_field(rows, "key")]
-        node_parts.append(
-            pa.table(
-                [rid, _const("source", k, pa.string()), coords[0], _nulls(k, pa.string()), _nulls(k, pa.int64()),
-                 *coords[1:]],
-                schema=NODE_SCHEMA,
-            )
-        )
+        node_parts.append(_source_nodes(rows, rid, src))
     nodes = pa.concat_tables(node_parts)
     _, first = np.unique(nodes.column("rid").to_numpy(), return_index=True)
     nodes = nodes.take(pa.array(np.sort(first)))

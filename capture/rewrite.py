@@ -7,6 +7,14 @@ sides' (a semi or anti join only the left's). The user's own expressions are nev
 re-derived: the rewritten plan is the analyzed plan with columns added, so exprIds
 and semantics stay as the user wrote them.
 
+A black box (mapInPandas, applyInPandas, applyInPandasWithState …, or any node the
+caller names) cannot carry columns through the user's code. Its output gets a
+placeholder column instead, and the rows going into it reach the sink by a second
+branch: the root becomes ``Union(user rows, black box input rows)``, the latter marked
+by ``_hw_bb`` (the black box's node id) and null in every user column. The per-batch
+hook splits them again and links inputs and outputs through the black box's state node
+with superset edges.
+
 Operators not handled here raise ``UnsupportedPlanError`` naming the node, rather than
 produce wrong edges.
 """
@@ -20,17 +28,19 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 
 from headwater.core import rid as rids
-from headwater.core.plan import PlanNode
+from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode
 
 from .spark_plan import Jvm, analyzed, plan_ir
 
 SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
+BLACK_BOX_MARKER = "_hw_bb"
 
 # Operators whose output is their child's output plus, at most, new columns: the rid
 # columns pass through them as they are. Deduplicate keeps one row per key; its output
 # row derives from that row, whose values it is.
-_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate", "Deduplicate"}
+_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate", "Deduplicate", "Repartition"}
+_TRACED = _PASS_THROUGH | {"Project", "Join", "Union", "Aggregate", "Expand"}
 # Join types traced by carrying rid columns through the join. An anti join's output
 # derives from its left row alone: no right row contributed to it. A semi join's output
 # also derives from the right rows that matched, which its output cannot carry.
@@ -45,8 +55,8 @@ class UnsupportedPlanError(ValueError):
         self.node = node
         super().__init__(
             f"cannot trace plan node {node.spark_class} (#{node.id}, {node.kind}): {reason}. "
-            f"Rewrite the query without it, or mark it a black box (superset lineage) once "
-            f"black boxes are supported for it."
+            f"Rewrite the query without it, or trace it as a black box with superset lineage "
+            f"(edges flagged exact=false): Tracer.trace(df, …, black_boxes={{'{node.spark_class}'}})"
         )
 
 
@@ -56,10 +66,11 @@ class TracedSource:
 
     node_id: int
     column: str  # the struct column threaded to the sink
-    source: str  # kafka | static
-    dataset: str | None  # static table name; Kafka rows are named by their topic
+    source: str  # kafka | file | rate | static | blackbox
+    dataset: str | None  # static table or black box name; Kafka and file rows are named by topic or path
     key: tuple[str, ...]  # declared key columns of a static table, empty for a content hash
-    location: dict | None  # {"paths": [...], "format": ...} of a file-backed table
+    location: dict | None  # {"paths": [...], "format": ...} of a file-backed table or stream
+    stateful: bool = False  # a black box whose outputs may derive from earlier batches' inputs
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "key": list(self.key)}
@@ -92,8 +103,26 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
             rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), *[F.col(f"`{c}`") for c in df.columns])
         struct = F.struct(rid.alias("rid"), text.alias("key"))
         return struct.alias(name), TracedSource(node.id, name, "static", table, key, node.detail.get("location"))
+    if kind == "rate":
+        rid = F.xxhash64(F.lit(rids.RATE), F.col("value"))
+        struct = F.struct(rid.alias("rid"), F.col("value").cast("string").alias("key"))
+        return struct.alias(name), TracedSource(node.id, name, "rate", "rate", (), None)
+    if kind == "file":
+        location = node.detail["location"]
+        path = F.col("_metadata.file_path")
+        if location["format"] == "parquet":
+            position = F.col("_metadata.row_index")
+            rid = F.xxhash64(F.lit(rids.FILE), path, position)
+        else:
+            # Spark gives no row position in JSON, CSV or text files: the row is named by
+            # its file and content, which tells apart every row that differs.
+            position = F.lit(None).cast("long")
+            rid = F.xxhash64(F.lit(rids.FILE), path, *[F.col(f"`{c}`") for c in df.columns])
+        struct = F.struct(rid.alias("rid"), path.alias("path"), position.alias("position"))
+        return struct.alias(name), TracedSource(node.id, name, "file", None, (), location)
     raise UnsupportedPlanError(
-        node, "only Kafka-shaped stream sources (topic, partition, offset columns) and static tables are traced so far"
+        node, "only Kafka-shaped stream sources (topic, partition, offset columns), file and rate streams and "
+              "static tables are traced so far"
     )
 
 
@@ -147,20 +176,80 @@ def _user_attrs(plan, rid_attrs: list) -> list:
 
 
 @dataclass(frozen=True)
+class BlackBox:
+    """A black box of a traced plan: its state node's placeholder column and its inputs."""
+
+    node_id: int
+    column: str  # the placeholder struct standing for the black box in rows above it
+    dataset: str  # its state node's dataset: "<Spark class>#<node id>"
+    inputs: tuple[str, ...]  # rid columns of the rows going into it
+    stateful: bool
+
+
+@dataclass(frozen=True)
 class Threaded:
-    df: DataFrame  # the user's DataFrame plus one ``_hw_src_<id>`` column per source
+    df: DataFrame  # the user's DataFrame plus one ``_hw_src_<id>`` column per source (and ``_hw_bb``)
     ir: PlanNode
-    sources: list[TracedSource]
+    sources: list[TracedSource]  # those whose rows reach the sink, black boxes included
+    inputs: list[TracedSource]  # those whose rows go into a black box
+    black_boxes: list[BlackBox]
+    user_columns: int  # how many of df's columns are the user's
 
 
-def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -> Threaded:
+def black_box_source(jvm: Jvm, node: PlanNode, new_plan) -> tuple:
+    """``new_plan`` plus the black box's placeholder struct column, and its TracedSource."""
+    name = f"{SOURCE_PREFIX}{node.id}"
+    helper = jvm.dataframe(new_plan).select("*", F.struct(F.lit(0).cast("long").alias("rid")).alias(name))
+    plan = analyzed(helper)
+    stateful = node.spark_class in STATEFUL_BLACK_BOXES
+    dataset = f"{node.spark_class}#{node.id}"
+    return plan, Jvm.items(plan.output())[-1], TracedSource(node.id, name, "blackbox", dataset, (), None, stateful)
+
+
+def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list) -> tuple:
+    """``Union(plan's rows, each black box's input rows)``: see the module docstring."""
+    main = jvm.dataframe(plan)
+    user_fields = main.schema.fields[: len(main.columns) - len(rid_attrs)]
+    types = {f.name: f.dataType for f in main.schema.fields[len(user_fields):]}
+    for _, branch_plan, _ in branches:
+        for f in jvm.dataframe(branch_plan).schema.fields:
+            if f.name.startswith(SOURCE_PREFIX):
+                types.setdefault(f.name, f.dataType)
+    rid_names = list(types)
+
+    def null(name, dtype):
+        return F.lit(None).cast(dtype).alias(name)
+
+    present = set(main.columns)
+    union = main.select("*", *[null(n, types[n]) for n in rid_names if n not in present],
+                        null(BLACK_BOX_MARKER, "int"))
+    for node_id, branch_plan, _ in branches:
+        branch = jvm.dataframe(branch_plan)
+        own = set(branch.columns)
+        union = union.union(branch.select(
+            *[null(f.name, f.dataType) for f in user_fields],
+            *[F.col(n) if n in own else null(n, types[n]) for n in rid_names],
+            F.lit(node_id).alias(BLACK_BOX_MARKER),
+        ))
+    return analyzed(union), rid_names
+
+
+def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
+                black_boxes: frozenset[str] = frozenset()) -> Threaded:
+    """Rebuild ``df``'s plan with rid columns threaded to its root.
+
+    ``black_boxes`` names Spark plan classes (e.g. ``"Sample"``) to trace as black
+    boxes besides those headwater always treats so (user code over pandas or state).
+    """
     keys = keys or {}
-    clash = [c for c in df.columns if c == RID_COLUMN or c.startswith(SOURCE_PREFIX)]
+    clash = [c for c in df.columns if c in (RID_COLUMN, BLACK_BOX_MARKER) or c.startswith(SOURCE_PREFIX)]
     if clash:
         raise ValueError(f"columns {clash} clash with headwater's own; rename them")
     jvm = Jvm(df.sparkSession)
     ir, jnodes = plan_ir(df)
     traced: list[TracedSource] = []
+    boxes: list[BlackBox] = []
+    branches: list[tuple] = []  # (black box node id, its input plan, the input's rid attributes)
 
     def rewrite(node: PlanNode):
         """(new JVM plan, the rid attributes it outputs) for the subtree at ``node``."""
@@ -171,7 +260,18 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -
             traced.append(spec)
             plan = analyzed(source_df.select("*", column))
             return plan, [Jvm.items(plan.output())[-1]]
-        if node.kind not in _PASS_THROUGH | {"Project", "Join", "Union", "Aggregate", "Expand"}:
+        if node.kind == "BlackBox" or node.spark_class in black_boxes:
+            rewritten = [rewrite(child) for child in node.children]
+            for plan, attrs in rewritten:
+                branches.append((node.id, plan, attrs))
+            # The black box reads its children's own columns, as the user wrote it.
+            children = [jvm.project(_user_attrs(plan, attrs), plan) for plan, attrs in rewritten]
+            plan, attr, spec = black_box_source(jvm, node, jvm.with_children(original, children))
+            traced.append(spec)
+            inputs = tuple(a.name() for _, attrs in rewritten for a in attrs)
+            boxes.append(BlackBox(node.id, spec.column, spec.dataset, inputs, spec.stateful))
+            return plan, [attr]
+        if node.kind not in _TRACED:
             raise UnsupportedPlanError(node, f"{node.kind} operators are not traced yet")
         if node.kind == "Join" and node.detail["join_type"] not in _JOINS:
             raise UnsupportedPlanError(
@@ -199,8 +299,12 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None) -
     plan, rid_attrs = rewrite(ir)
     # The sink sees the user's columns in the user's order, then the rid columns.
     plan = jvm.project(_user_attrs(plan, rid_attrs) + rid_attrs, plan)
-    # A source whose rows cannot reach the sink (the right side of an anti join) has no
-    # rid column there and no edges.
+    # A source whose rows cannot reach the sink (the right side of an anti join, the
+    # input of a black box) has no rid column there and no edges to outputs.
     reaching = {a.name() for a in rid_attrs}
+    if branches:
+        plan, _ = _with_black_box_inputs(jvm, plan, rid_attrs, branches)
+    entering = {name for box in boxes for name in box.inputs}
     sources = sorted((s for s in traced if s.column in reaching), key=lambda s: s.node_id)
-    return Threaded(jvm.dataframe(plan), ir, sources)
+    inputs = sorted((s for s in traced if s.column in entering), key=lambda s: s.node_id)
+    return Threaded(jvm.dataframe(plan), ir, sources, inputs, boxes, len(df.columns))

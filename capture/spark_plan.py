@@ -82,6 +82,11 @@ def raw_node(node) -> RawNode:
 
 def _file_location(node) -> dict | None:
     """Root paths and format of a file-backed relation (Spark's JSON leaves them out)."""
+    if node.getClass().getSimpleName() == "StreamingRelation":  # a file stream source
+        source = node.dataSource()
+        path = source.options().get("path")
+        paths = [path.get()] if path.isDefined() else [p for p in Jvm.items(source.paths())]
+        return {"paths": paths, "format": source.className().lower()} if paths else None
     if node.getClass().getSimpleName() != "LogicalRelation":
         return None
     relation = node.relation()

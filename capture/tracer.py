@@ -28,7 +28,7 @@ from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 from .kafka_source import KafkaSource
 from .lineage import BatchContext, SourceEdges
 from .publish import STATS_SCHEMA, PublishTarget, publish_partition
-from .rewrite import RID_COLUMN, Threaded, thread_rids
+from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, Threaded, thread_rids
 from .sinks import SinkSpec, write_batch
 
 log = logging.getLogger("headwater.capture")
@@ -51,17 +51,20 @@ class Tracer:
         self.config = config
         self._log_producer = None
 
-    def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True) -> "Traced":
+    def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True,
+              black_boxes=()) -> "Traced":
         """Trace the streaming DataFrame ``df`` as query ``name``.
 
         ``keys`` declares static tables' primary keys, ``{"customers": "customer_id"}``
         (a tuple for composite keys); a table without one is keyed by its row content.
-        ``emit_rid=False`` leaves ``_hw_rid`` out of the sink.
+        ``emit_rid=False`` leaves ``_hw_rid`` out of the sink. ``black_boxes`` names
+        Spark plan node classes (``{"Sample"}``) to trace as black boxes: superset
+        lineage, flagged ``exact=false``, where capture cannot trace a node exactly.
         """
         if not df.isStreaming:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
-        return Traced(self, thread_rids(df, keys), name, emit_rid)
+        return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid)
 
     def close(self) -> None:
         if self._log_producer is not None:
@@ -159,7 +162,7 @@ class TracedWriter:
             writer = writer.option("checkpointLocation", self._checkpoint)
         traced.tracer.publish_log(
             LOG_PLAN, query=traced.name, sink=self._sink.describe(), ir=traced.threaded.ir.to_dict(),
-            sources=[s.to_dict() for s in traced.threaded.sources], at=time.time(),
+            sources=[s.to_dict() for s in traced.threaded.sources + traced.threaded.inputs], at=time.time(),
         )
         return writer.start()
 
@@ -182,12 +185,21 @@ class BatchHook:
         self.traced = traced
         self.sink = sink
         threaded = traced.threaded
-        masks = column_masks(threaded.ir)
-        self.sources = tuple(
-            SourceEdges(s.column, s.source, s.dataset, masks[s.node_id]) for s in threaded.sources
-        )
+        self.masks = column_masks(threaded.ir)
         config = traced.tracer.config
         self.target = PublishTarget(config.bootstrap, config.edges_topic)
+
+    def _edges_from(self, sources, batch_id: int) -> tuple[SourceEdges, ...]:
+        return tuple(
+            SourceEdges(s.column, s.source, s.dataset, self.masks.get(s.node_id, -1),
+                        rid=self.state_rid(s, batch_id) if s.source == "blackbox" else None,
+                        exact=s.source != "blackbox")
+            for s in sources
+        )
+
+    def state_rid(self, box, batch_id: int) -> int:
+        """The state node of a black box: one per batch, or one for all batches if it keeps state."""
+        return rids.state_rid(self.traced.name, box.node_id, None if box.stateful else batch_id)
 
     def output_rid(self, batch_id: int, content: list[str]):
         """rid of each output row: its query, sink, batch, input rids and content.
@@ -195,42 +207,61 @@ class BatchHook:
         The content tells apart the rows one input yields (explode); rows alike in
         content and inputs share a rid, which is their true lineage either way.
         """
-        parts = [F.col(f"{s.column}.rid") for s in self.sources]
+        parts = [F.col(f"{s.column}.rid") for s in self.traced.threaded.sources]
         return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.sink.describe()),
                           F.lit(batch_id).cast("long"), *parts, *[F.col(c) for c in content])
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        source_columns = {s.column for s in self.sources}
+        threaded = self.traced.threaded
         names = batch_df.columns
+        n_user = threaded.user_columns
         # Positional names: the user's output may repeat a column name.
-        positional = [n if n in source_columns else f"_hw_c{i}" for i, n in enumerate(names)]
-        user = [(p, n) for p, n in zip(positional, names) if n not in source_columns]
-        hashable = [p for p, field in zip(positional, batch_df.schema.fields)
-                    if p not in source_columns and not _holds_map(field.dataType)]
-        out = batch_df.toDF(*positional).withColumn(RID_COLUMN, self.output_rid(batch_id, hashable)).persist()
+        positional = [f"_hw_c{i}" for i in range(n_user)] + names[n_user:]
+        user = list(zip(positional[:n_user], names[:n_user]))
+        hashable = [p for p, field in zip(positional[:n_user], batch_df.schema.fields)
+                    if not _holds_map(field.dataType)]
+        frame = batch_df.toDF(*positional)
+        boxes = threaded.black_boxes
+        if boxes:
+            frame = frame.persist()
+            out = frame.where(F.col(BLACK_BOX_MARKER).isNull())
+        else:
+            out = frame
+        out = out.withColumn(RID_COLUMN, self.output_rid(batch_id, hashable)).persist()
         try:
             rows = out.select(*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else []))
             write_batch(rows, self.sink, batch_id)
-            stats = self._publish(out, batch_id)
+            stats = self._publish(out, BatchContext(self.traced.name, self.traced.name, batch_id, threaded.ir.id,
+                                                    self._edges_from(threaded.sources, batch_id)))
+            stats["rows_out"] = out.count()
+            inputs = {s.column: s for s in threaded.inputs}
+            for box in boxes:
+                ctx = BatchContext(self.traced.name, self.traced.name, batch_id, box.node_id,
+                                   self._edges_from([inputs[c] for c in box.inputs], batch_id),
+                                   dst_kind="state", dst_dataset=box.dataset, exact=False)
+                entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id) \
+                    .withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
+                for key, value in self._publish(entering, ctx).items():
+                    stats[key] = value if key == "error" else stats.get(key, 0) + value
         finally:
             out.unpersist()
+            if boxes:
+                frame.unpersist()
         status = "full" if stats["failed_edges"] == 0 and stats.get("error") is None else "failed"
         self.traced.tracer.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), **stats,
         )
 
-    def _publish(self, out: DataFrame, batch_id: int) -> dict:
-        ctx = BatchContext(self.traced.name, self.traced.name, batch_id, self.traced.threaded.ir.id, self.sources)
+    def _publish(self, rows: DataFrame, ctx: BatchContext) -> dict:
         fn = functools.partial(publish_partition, ctx=ctx, target=self.target)
-        columns = [RID_COLUMN, *[s.column for s in self.sources]]
+        columns = [RID_COLUMN, *[s.column for s in ctx.sources]]
         try:
-            totals = out.select(*columns).mapInArrow(fn, STATS_SCHEMA).agg(
+            return rows.select(*columns).mapInArrow(fn, STATS_SCHEMA).agg(
                 *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in ("edges", "nodes", "bytes", "messages", "failed_edges")]
             ).collect()[0].asDict()
         except Exception as exc:  # lineage must never stop the user's stream
-            log.exception("publishing lineage of batch %s failed", batch_id)
+            log.exception("publishing lineage of batch %s failed", ctx.batch)
             return {"edges": 0, "nodes": 0, "bytes": 0, "messages": 0, "failed_edges": 0, "error": str(exc)[:500]}
-        totals["rows_out"] = out.count()
-        return totals
+

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer
 from kafka.structs import OffsetAndMetadata
 from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, TransientError
 

@@ -29,6 +29,8 @@ class Lineage:
     partition: int | None = None
     offset: int | None = None
     key: str | None = None
+    path: str | None = None
+    position: int | None = None
     ops: list[int] = field(default_factory=list)  # operators on the path (plan IR ids)
     batches: list[int] = field(default_factory=list)
     exact: bool = True

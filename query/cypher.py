@@ -8,7 +8,7 @@ from headwater.core.config import Config
 from .backend import Lineage, LineageError, check_depth
 
 _ROW_FIELDS = "n.rid AS rid, n.kind AS kind, n.dataset AS dataset, n.topic AS topic, " \
-              "n.partition AS partition, n.offset AS offset, n.key AS key"
+              "n.partition AS partition, n.offset AS offset, n.key AS key, n.path AS path, n.position AS position"
 
 _KINDS = ("source", "state", "output")
 

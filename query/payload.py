@@ -50,9 +50,29 @@ def static_row(location: str | None, file_format: str | None, key_columns: list[
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in rows[0].items()}
 
 
+def file_row(path: str, position: int | None) -> dict:
+    """Row ``position`` of a Parquet file; other formats give Spark no row positions."""
+    if position is None:
+        return {"error": f"{path} is not a Parquet file: its rows have no position, only their content's hash"}
+    import pyarrow.parquet as pq
+
+    local = re.sub(r"^file:(//)?", "", path)
+    try:
+        rows = pq.ParquetFile(local).read().slice(position, 1).to_pylist()
+    except OSError as exc:
+        return {"error": f"cannot read {path}: {exc}"}
+    if not rows:
+        return {"error": f"{path} has no row {position}"}
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in rows[0].items()}
+
+
 def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None) -> None:
     if item.topic is not None:
         item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset)
+    elif item.path is not None:
+        item.payload = file_row(item.path, item.position)
+    elif item.kind == "source" and item.dataset == "rate":
+        item.payload = {"value": int(item.key)}
     elif item.kind == "source":
         props = dataset or {}
         key_columns = props["key"].split(",") if props.get("key") else []

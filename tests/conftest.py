@@ -28,17 +28,23 @@ def stack_config(stack):
     return stack.config()
 
 
+def own_topics(stack_config, prefix: str = "t"):
+    """``(config, tag)``: the stack's config with edges, log and dlq topics of a fresh tag."""
+    tag = uuid.uuid4().hex[:8]
+    config = stack_config.with_overrides(
+        edges_topic=f"{prefix}{tag}.edges", log_topic=f"{prefix}{tag}.log", dlq_topic=f"{prefix}{tag}.dlq"
+    )
+    return config, tag
+
+
 @pytest.fixture
 def config(stack_config):
     """The stack's config with topics of this test's own."""
-    tag = uuid.uuid4().hex[:8]
-    return stack_config.with_overrides(
-        edges_topic=f"t{tag}.edges", log_topic=f"t{tag}.log", dlq_topic=f"t{tag}.dlq"
-    )
+    return own_topics(stack_config)[0]
 
 
 @pytest.fixture(scope="session")
-def spark(stack):
+def spark(stack, tmp_path_factory):
     """A local SparkSession; it asks for the stack only so that the stack outlives it."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # Spark's Python workers unpickle the tests' UDFs by module name: let them import tests.
@@ -46,6 +52,7 @@ def spark(stack):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     from headwater.demo.run import spark_session
 
-    session = spark_session("headwater-tests")
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    session = spark_session("headwater-tests", **{"spark.sql.warehouse.dir": str(warehouse)})
     yield session
     session.stop()

@@ -12,7 +12,9 @@ import json
 
 from headwater.demo.pipeline import MIN_AMOUNT
 
-Input = tuple  # ("kafka", topic, partition, offset) or ("table", name, key)
+# ("kafka", topic, partition, offset), ("table", name, key), ("file", file name, position)
+# or ("rate", value)
+Input = tuple
 
 
 def parse(value: bytes):
@@ -48,4 +50,8 @@ def as_input(row) -> Input:
     """A lineage answer row (``Lineage``) in the oracle's terms."""
     if row.topic is not None:
         return ("kafka", row.topic, row.partition, row.offset)
+    if row.path is not None:
+        return ("file", row.path.rsplit("/", 1)[-1], row.position)
+    if row.dataset == "rate":
+        return ("rate", int(row.key))
     return ("table", row.dataset, row.key)

@@ -13,7 +13,6 @@ holding the timestamp); a group keyed without event time takes them like any oth
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 
 import pytest
@@ -25,8 +24,9 @@ from headwater.demo import orders as demo_data
 from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 
+from .conftest import own_topics
 from .oracle import as_input
-from .test_stream_joins import T0, at
+from .test_stream_joins import at
 
 ROUNDS = 4
 LATE_IDS = (900, 901)
@@ -123,9 +123,7 @@ def check_against_events(name: str, rows) -> None:
 
 @pytest.mark.parametrize("name", sorted(QUERIES))
 def test_aggregate_lineage_equals_the_oracle(spark, stack_config, tmp_path, name):
-    tag = uuid.uuid4().hex[:8]
-    config = stack_config.with_overrides(edges_topic=f"agg{tag}.edges", log_topic=f"agg{tag}.log",
-                                         dlq_topic=f"agg{tag}.dlq")
+    config, tag = own_topics(stack_config, "agg")
     tracer = attach(spark, config)
     try:
         traced, coordinates = run(spark, config, tmp_path, tag, name, tracer)

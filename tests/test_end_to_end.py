@@ -24,6 +24,7 @@ from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
+from .conftest import own_topics
 from .oracle import as_input, demo_lineage
 
 ORDERS = 1000
@@ -40,9 +41,7 @@ def index_all(config) -> object:
 
 @pytest.fixture(scope="module")
 def run(spark, stack_config, tmp_path_factory):
-    tag = uuid.uuid4().hex[:8]
-    config = stack_config.with_overrides(edges_topic=f"e2e{tag}.edges", log_topic=f"e2e{tag}.log",
-                                         dlq_topic=f"e2e{tag}.dlq")
+    config, tag = own_topics(stack_config, "e2e")
     topic = f"orders-{tag}"
     ensure_topics(config.bootstrap, [topic], 2)
     events = data.order_events(ORDERS, malformed_every=MALFORMED_EVERY)
@@ -190,3 +189,39 @@ def test_a_retried_batch_yields_identical_rids_and_no_duplicate_edges(spark, run
     assert after == before
     edges_after = graph_edges(run.config, after)
     assert sorted(edges_after) == sorted(edges_before)
+
+
+def test_user_foreach_batch_and_table_sinks_get_the_users_columns(spark, run, tmp_path):
+    """The user's own foreachBatch gets their columns plus _hw_rid (or not, with emit_rid=False)."""
+    from headwater.capture import attach
+
+    tracer = attach(spark, run.config)
+    seen: dict = {}
+
+    def keep(name):
+        def collect(batch, batch_id):
+            seen.setdefault(name, []).extend(batch.collect())
+            seen[f"{name}-columns"] = batch.columns
+        return collect
+
+    customers = str(run.workdir / "customers.parquet")
+    try:
+        for name, emit in (("with_rid", True), ("without_rid", False)):
+            df = enriched_orders(spark, run.config.bootstrap, run.topic, customers)
+            query = (tracer.trace(df, name=f"fb-{name}", keys={"customers": "customer_id"}, emit_rid=emit)
+                     .writeStream.foreachBatch(keep(name)).option("checkpointLocation", str(tmp_path / name))
+                     .trigger(availableNow=True).start())
+            query.awaitTermination(180)
+        table = f"hw_table_{uuid.uuid4().hex[:6]}"
+        df = enriched_orders(spark, run.config.bootstrap, run.topic, customers)
+        query = (tracer.trace(df, name="fb-table").writeStream.option("checkpointLocation", str(tmp_path / "t"))
+                 .trigger(availableNow=True).toTable(table))
+        query.awaitTermination(180)
+        table_rows = spark.table(table).count()
+    finally:
+        tracer.close()
+    columns = list(df.columns)
+    assert seen["with_rid-columns"] == columns + ["_hw_rid"]
+    assert seen["without_rid-columns"] == columns
+    assert len(seen["with_rid"]) == len(seen["without_rid"]) == len(run.expected)
+    assert table_rows == len(run.expected)

@@ -8,7 +8,6 @@ input the forward lineage, must equal the oracle's exactly.
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from types import SimpleNamespace
 
@@ -26,6 +25,7 @@ from headwater.core.rid import kafka_rid
 from headwater.query.backend import LineageError
 
 from . import pipelines
+from .conftest import own_topics
 from .oracle import as_input
 
 EVENTS = 400
@@ -33,9 +33,7 @@ EVENTS = 400
 
 @pytest.fixture(scope="module")
 def env(spark, stack_config, tmp_path_factory):
-    tag = uuid.uuid4().hex[:8]
-    config = stack_config.with_overrides(edges_topic=f"ops{tag}.edges", log_topic=f"ops{tag}.log",
-                                         dlq_topic=f"ops{tag}.dlq")
+    config, tag = own_topics(stack_config, "ops")
     topic = f"events-{tag}"
     ensure_topics(config.bootstrap, [topic], 2)
     values = pipelines.events(EVENTS, seed=11)

@@ -84,9 +84,20 @@ def test_threaded_plan_keeps_user_columns_and_adds_one_struct_per_source(demo_df
 
 
 def test_unsupported_operators_fail_clearly_naming_the_node(demo_df):
-    black_box = demo_df.mapInPandas(lambda frames: frames, demo_df.schema)
-    with pytest.raises(UnsupportedPlanError, match=r"MapInPandas .*black box"):
-        thread_rids(black_box)
+    limited = demo_df.limit(10)
+    with pytest.raises(UnsupportedPlanError, match=r"GlobalLimit .*black box.*black_boxes=\{'GlobalLimit'\}"):
+        thread_rids(limited)
+
+
+def test_black_boxes_become_placeholders_with_their_inputs_on_a_second_branch(demo_df):
+    boxed = demo_df.mapInPandas(lambda frames: frames, demo_df.schema)
+    threaded = thread_rids(boxed, {"customers": ("customer_id",)})
+    (box,) = threaded.black_boxes
+    assert box.dataset == f"MapInPandas#{box.node_id}" and not box.stateful
+    assert [s.source for s in threaded.sources] == ["blackbox"]
+    assert [s.source for s in threaded.inputs] == ["kafka", "static"]
+    assert threaded.df.columns == demo_df.columns + [box.column, *box.inputs, "_hw_bb"]
+    assert threaded.user_columns == len(demo_df.columns)
 
 
 def test_declared_key_must_exist(demo_df):

@@ -1,5 +1,4 @@
 import json
-import os
 import socket
 import subprocess
 import sys

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import uuid
 from collections import Counter
 
 import pytest
@@ -20,10 +19,10 @@ from pyspark.sql import functions as F
 from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
 from headwater.demo import orders as demo_data
-from headwater.demo.run import run_until
 from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 
+from .conftest import own_topics
 from .oracle import as_input
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
@@ -111,9 +110,7 @@ def run_until_both(query, ends: dict) -> None:
 
 @pytest.mark.parametrize("how", ["inner", "left_outer"])
 def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path, how):
-    tag = uuid.uuid4().hex[:8]
-    config = stack_config.with_overrides(edges_topic=f"ssj{tag}.edges", log_topic=f"ssj{tag}.log",
-                                         dlq_topic=f"ssj{tag}.dlq")
+    config, tag = own_topics(stack_config, "ssj")
     tracer = attach(spark, config)
     try:
         traced, coordinates = run_rounds(spark, config, tmp_path, tag, how, tracer)

@@ -32,15 +32,24 @@ _KINDS = {
     "Deduplicate": {"Deduplicate", "DeduplicateWithinWatermark"},
     "Expand": {"Expand"},
     "EventTimeWatermark": {"EventTimeWatermark"},
+    "Repartition": {"Repartition", "RepartitionByExpression", "RebalancePartitions"},
     "BlackBox": {
         "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas",
         "FlatMapGroupsInPandasWithState", "FlatMapCoGroupsInPandas", "MapPartitions",
+        "TransformWithState", "TransformWithStateInPySpark",
     },
 }
 _KIND_OF = {cls: kind for kind, classes in _KINDS.items() for cls in classes}
+# Black boxes that keep state across micro-batches: an output may derive from any
+# input the operator ever read, not only from its own batch's.
+STATEFUL_BLACK_BOXES = {
+    "FlatMapGroupsWithState", "FlatMapGroupsInPandasWithState", "TransformWithState",
+    "TransformWithStateInPySpark",
+}
 
 # Source kinds, recognised by the columns a source produces.
 KAFKA_COLUMNS = ("topic", "partition", "offset")
+RATE_COLUMNS = ("timestamp", "value")
 
 
 class RawAttr(TypedDict):
@@ -164,6 +173,10 @@ def build(raw: list[RawNode]) -> PlanNode:
             detail["name"] = _alias_name(fields)
         elif kind == "Source":
             detail["location"] = node.get("location")
+            if isinstance(fields.get("sourceName"), str):
+                detail["provider"] = fields["sourceName"]
+        elif kind == "Unknown" and fields.get("class"):
+            detail["spark_class_name"] = fields["class"]
         output = [Attr(a["name"], a["expr_id"], a["dtype"]) for a in node["output"]]
         return PlanNode(node_id, kind, cls, node["streaming"], output, children, detail)
 
@@ -186,8 +199,19 @@ def _fold_static(node: PlanNode) -> PlanNode:
     node.children = [_fold_static(c) for c in node.children]
     if node.kind == "Source":
         names = {a.name for a in node.output}
-        node.detail["source"] = "kafka" if all(c in names for c in KAFKA_COLUMNS) else "stream"
+        node.detail["source"] = _stream_source_kind(node, names)
     return node
+
+
+def _stream_source_kind(node: PlanNode, names: set[str]) -> str:
+    """kafka, rate or file, told apart by the rows a stream source produces; else stream."""
+    if all(c in names for c in KAFKA_COLUMNS):
+        return "kafka"
+    if names == set(RATE_COLUMNS) and "rate" in node.detail.get("provider", ""):
+        return "rate"
+    if node.detail.get("location"):
+        return "file"
+    return "stream"
 
 
 def _first_location(node: PlanNode) -> dict | None:
@@ -217,8 +241,13 @@ def derivation(root: PlanNode) -> dict[int, set[int]]:
     return derives
 
 
+def lineage_leaves(root: PlanNode) -> list[PlanNode]:
+    """Sources and black boxes: the nodes lineage edges start from."""
+    return [n for n in root.walk() if n.kind in ("Source", "BlackBox")]
+
+
 def column_masks(root: PlanNode) -> dict[int, int]:
-    """Per source node id: bitmask over the root's output columns derived from that source.
+    """Per source or black-box node id: bitmask over the root's output columns derived from it.
 
     Bit i is set when output column i reads, through any chain of projections, an
     attribute the source produces (TensProv's attribute mask). Columns past 63 share
@@ -240,7 +269,7 @@ def column_masks(root: PlanNode) -> dict[int, int]:
 
     column_bases = [base(a.expr_id, set()) for a in root.output]
     masks = {}
-    for source in root.sources():
+    for source in lineage_leaves(root):
         produced = {a.expr_id for a in source.output}
         mask = 0
         for i, bases in enumerate(column_bases):

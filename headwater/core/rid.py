@@ -17,6 +17,9 @@ import struct
 # share a rid even when their coordinates coincide.
 KAFKA = "kafka"
 TABLE = "table"
+FILE = "file"
+RATE = "rate"
+STATE = "state"
 OUTPUT = "out"
 
 SPARK_SEED = 42
@@ -132,3 +135,22 @@ def table_rid(table: str, key: str | tuple[str, ...]) -> int:
     """
     text = key if isinstance(key, str) else KEY_SEPARATOR.join(key)
     return spark_xxhash64(TABLE, table, text)
+
+
+def file_rid(path: str, position: int) -> int:
+    """The rid of the row at ``position`` (0-based) of the file at ``path`` (as Spark names it)."""
+    return spark_xxhash64(FILE, path, position)
+
+
+def rate_rid(value: int) -> int:
+    """The rid of the rate source's row ``value``."""
+    return spark_xxhash64(RATE, value)
+
+
+def state_rid(query: str, op: int, batch: int | None = None) -> int:
+    """The rid of the state node of black-box operator ``op`` of ``query``.
+
+    A stateless black box gets one node per batch (its outputs derive from that batch's
+    inputs); a stateful one a single node (its outputs may derive from any earlier input).
+    """
+    return spark_xxhash64(STATE, query, Int(op), batch)

@@ -18,7 +18,7 @@ import struct
 import pyarrow as pa
 
 LINEAGE_MAGIC = b"HWL"
-LINEAGE_VERSION = 1
+LINEAGE_VERSION = 2
 
 NODE_SCHEMA = pa.schema(
     [
@@ -31,6 +31,8 @@ NODE_SCHEMA = pa.schema(
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("key", pa.string()),
+        pa.field("path", pa.string()),
+        pa.field("position", pa.int64()),
     ]
 )
 

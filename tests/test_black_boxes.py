@@ -1,0 +1,171 @@
+"""Black boxes: superset lineage through user code capture cannot see into, never missing.
+
+A stateless black box (mapInPandas) links each output row to every row that went into
+it in the same micro-batch; a stateful one (applyInPandasWithState) to every row that
+ever went into it. The oracle knows each micro-batch's offset ranges from the query's
+progress, so it recomputes exactly which Kafka records entered the black box, and
+demands that lineage be exactly those, flagged ``exact=false``, while edges that bypass
+the black box (the dims row of a join above it) stay exact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections import Counter
+from types import SimpleNamespace
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from headwater.adapters.kafka import ensure_topics
+from headwater.capture import UnsupportedPlanError, attach
+from headwater.core.rid import kafka_rid
+from headwater.demo import orders as demo_data
+from headwater.demo.run import end_offsets, run_until
+from headwater.indexer.service import Indexer
+from headwater.query.api import LineageClient
+from headwater.query.backend import LineageError
+
+from . import pipelines
+from .conftest import own_topics
+from .oracle import as_input
+
+EVENTS = 300
+
+
+@pytest.fixture(scope="module")
+def env(spark, stack_config, tmp_path_factory):
+    config, tag = own_topics(stack_config, "bb")
+    topic = f"bb-events-{tag}"
+    ensure_topics(config.bootstrap, [topic], 2)
+    values = pipelines.events(EVENTS, seed=5)
+    coordinates = demo_data.produce(config.bootstrap, topic, [(None, v) for v in values])
+    workdir = tmp_path_factory.mktemp("bb")
+    pq.write_table(pa.Table.from_pylist(pipelines.dims()), workdir / "dims.parquet")
+    tracer = attach(spark, config)
+    yield SimpleNamespace(config=config, topic=topic, values=values, coordinates=coordinates, workdir=workdir,
+                          dims_df=spark.read.parquet(str(workdir / "dims.parquet")), tracer=tracer)
+    tracer.close()
+
+
+def parsed(spark, env):
+    source = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+              .option("subscribe", env.topic).option("maxOffsetsPerTrigger", 120).load())
+    return source.select(F.from_json(F.col("value").cast("string"), pipelines.EVENT_SCHEMA).alias("e")).select("e.*")
+
+
+def keep_and_triple(frames):
+    for frame in frames:
+        kept = frame[frame["v"] % 3 != 0]
+        yield pd.DataFrame({"id": kept["id"], "k": kept["k"], "v3": kept["v"] * 3})
+
+
+def running_count(key, frames, state):
+    seen = state.get[0] if state.exists else 0
+    for frame in frames:
+        seen += len(frame)
+    state.update((seen,))
+    yield pd.DataFrame({"k": [key[0]], "n": [seen]})
+
+
+def run_traced(spark, env, df, name, mode="append", **trace):
+    sink = str(env.workdir / f"sink-{name}")
+    query = (env.tracer.trace(df, name=name, keys={"dims": "k"}, **trace).writeStream.format("parquet")
+             .outputMode(mode).option("checkpointLocation", str(env.workdir / f"cp-{name}"))
+             .trigger(processingTime="200 milliseconds").start(sink))
+    run_until(query, end_offsets(env.topic, env.coordinates), say=print)
+    indexer = Indexer(env.config)
+    try:
+        indexer.run(drain=True, idle_s=1.5, max_seconds=180)
+    finally:
+        indexer.close()
+    rows = spark.read.parquet(sink).withColumn("_file", F.input_file_name()).collect()
+    batches = {}
+    for progress in query.recentProgress:
+        if progress.numInputRows:
+            source = progress.sources[0]
+            batches[progress.batchId] = (json.loads(source.startOffset or "null") or {}, json.loads(source.endOffset))
+    return [(r.asDict(), int(re.search(r"part-hw-(\d+)-", r["_file"]).group(1))) for r in rows], batches
+
+
+def records_read(env, start: dict, end: dict) -> list[tuple]:
+    """(coordinates, parsed event) of every record a batch read, from its offset ranges."""
+    found = []
+    for value, (p, o) in zip(env.values, env.coordinates):
+        key = f"{env.topic}:{p}"
+        if start.get(key, 0) <= o < end[key]:
+            found.append((("kafka", env.topic, p, o), pipelines.parse(value)))
+    return found
+
+
+def test_map_in_pandas_is_a_superset_per_batch_and_joins_above_it_stay_exact(spark, env):
+    df = (parsed(spark, env).where("v IS NOT NULL").mapInPandas(keep_and_triple, "id long, k int, v3 long")
+          .join(env.dims_df, "k").select("id", "v3", "name"))
+    rows, batches = run_traced(spark, env, df, f"bb-map-{uuid.uuid4().hex[:6]}")
+    assert len(batches) >= 2
+
+    events = [pipelines.parse(v) for v in env.values]
+    expected = Counter((e["id"], e["v"] * 3, f"dim-{e['k']}") for e in events
+                       if e["v"] is not None and e["v"] % 3 != 0 and e["k"] in pipelines.DIM_KEYS)
+    assert Counter((r["id"], r["v3"], r["name"]) for r, _ in rows) == expected
+
+    entered = {b: {c for c, e in records_read(env, *batches[b]) if e["v"] is not None} for b in batches}
+    k_of = {e["id"]: e["k"] for e in events if e["id"] is not None}
+    outputs_of_batch: dict = {}
+    with LineageClient(env.config) as client:
+        for row, batch in rows:
+            found = client.backward(row["_hw_rid"])
+            kafka = {as_input(x) for x in found if x.topic}
+            dims = [x for x in found if x.topic is None]
+            assert kafka == entered[batch]
+            assert not any(x.exact for x in found if x.topic), "superset edges must be flagged"
+            assert [(x.dataset, x.key, x.exact) for x in dims] == [("dims", str(k_of[row["id"]]), True)]
+            outputs_of_batch.setdefault(batch, set()).add(row["_hw_rid"])
+        for batch, records in entered.items():
+            for _, _, p, o in sorted(records)[:20]:
+                reached = {x.rid for x in client.forward(kafka_rid(env.topic, p, o))}
+                assert reached == outputs_of_batch.get(batch, set())
+
+
+def test_stateful_black_box_links_every_output_to_every_input_it_ever_read(spark, env):
+    df = (parsed(spark, env).where("v IS NOT NULL").groupBy("k")
+          .applyInPandasWithState(running_count, "k int, n long", "n long", "update", GroupStateTimeout.NoTimeout))
+    rows, batches = run_traced(spark, env, df, f"bb-state-{uuid.uuid4().hex[:6]}", mode="update")
+
+    events = [pipelines.parse(v) for v in env.values]
+    totals = Counter(e["k"] for e in events if e["v"] is not None)
+    last = {}
+    for row, batch in sorted(rows, key=lambda rb: rb[1]):
+        last[row["k"]] = row["n"]
+    assert last == totals, "capture changed what the user's state function computed"
+
+    everything = {c for b in batches for c, e in records_read(env, *batches[b]) if e["v"] is not None}
+    with LineageClient(env.config) as client:
+        for row, _ in rows[:10]:
+            found = client.backward(row["_hw_rid"])
+            assert {as_input(x) for x in found} == everything
+            assert not any(x.exact for x in found)
+
+
+def test_a_node_capture_cannot_trace_is_refused_until_named_a_black_box(spark, env):
+    """A streaming limit (two nodes: nested black boxes) is refused, then traced as named."""
+    df = parsed(spark, env).where("v IS NOT NULL").limit(100000).select("id", "v")
+    with pytest.raises(UnsupportedPlanError, match=r"GlobalLimit .*black_boxes=\{'GlobalLimit'\}"):
+        env.tracer.trace(df, name="refused")
+    rows, batches = run_traced(spark, env, df, f"bb-limit-{uuid.uuid4().hex[:6]}",
+                               black_boxes={"GlobalLimit", "LocalLimit"})
+    assert rows and all(r["v"] is not None for r, _ in rows)
+    entered = {b: {c for c, e in records_read(env, *batches[b]) if e["v"] is not None} for b in batches}
+    with LineageClient(env.config) as client:
+        for row, batch in rows[:10]:
+            found = client.backward(row["_hw_rid"])
+            assert {as_input(x) for x in found} == entered[batch]
+            assert not any(x.exact for x in found)
+        with pytest.raises(LineageError):
+            client.backward(12345)
