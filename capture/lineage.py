@@ -27,7 +27,9 @@ COORDINATES = {
     "static": ("key",),
     "rate": ("key",),
     "blackbox": (),
+    "output": (),  # the sink's own rows, going into the user's foreachBatch code
 }
+_NODE_KIND = {"blackbox": "state", "output": "output"}
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,7 @@ def _source_nodes(rows: pa.Array, rid: pa.Array, src: SourceEdges) -> pa.Table:
         dataset = pc.binary_join_element_wise("file", values["path"], ":")
     else:
         dataset = _const(src.dataset, n, pa.string())
-    kind = "state" if src.source == "blackbox" else "source"
-    return _node_table(rid, kind, dataset, values)
+    return _node_table(rid, _NODE_KIND.get(src.source, "source"), dataset, values)
 
 
 def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, pa.Table]:

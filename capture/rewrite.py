@@ -3,7 +3,8 @@
 Each source gets one struct column ``_hw_src_<node id>`` holding its rid and
 coordinates, added right above the source; every operator above passes it on:
 filters and aliases unchanged, projections by appending it, joins by keeping both
-sides' (a semi or anti join only the left's). The user's own expressions are never
+sides' (an anti join only the left's; a semi join the left's and the list of right rows
+it matched). The user's own expressions are never
 re-derived: the rewritten plan is the analyzed plan with columns added, so exprIds
 and semantics stay as the user wrote them.
 
@@ -43,8 +44,9 @@ _PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate", "Deduplica
 _TRACED = _PASS_THROUGH | {"Project", "Join", "Union", "Aggregate", "Expand"}
 # Join types traced by carrying rid columns through the join. An anti join's output
 # derives from its left row alone: no right row contributed to it. A semi join's output
-# also derives from the right rows that matched, which its output cannot carry.
-_JOINS = {"inner", "cross", "leftouter", "rightouter", "fullouter", "leftanti"}
+# also derives from the right rows that matched, which its output cannot carry: it is
+# rewritten (``semi_join``).
+_JOINS = {"inner", "cross", "leftouter", "rightouter", "fullouter", "leftanti", "leftsemi"}
 _JOINS_KEEPING_LEFT_ONLY = {"leftanti"}
 
 
@@ -157,6 +159,13 @@ def aggregate(jvm: Jvm, original, plan, attrs: list):
     across micro-batches and after late data is dropped, so the list is exact. Sorting
     keeps a retried batch's output rids the same.
     """
+    extra, _ = _rid_lists(jvm, plan, attrs)
+    new = jvm.aggregate(original, Jvm.items(original.aggregateExpressions()) + extra, plan)
+    return new, Jvm.items(new.output())[-len(extra):] if extra else []
+
+
+def _rid_lists(jvm: Jvm, plan, attrs: list) -> list:
+    """Named expressions collecting, per rid column, the sorted list of a group's rid structs."""
     columns = []
     for attr in attrs:
         collected = F.collect_list(F.col(attr.name()))
@@ -164,9 +173,39 @@ def aggregate(jvm: Jvm, original, plan, attrs: list):
             collected = F.flatten(collected)  # an aggregate over an aggregate's rid lists
         columns.append(F.array_sort(collected).alias(attr.name()))
     helper = analyzed(jvm.dataframe(plan).agg(*columns))
-    extra = Jvm.items(helper.aggregateExpressions())
-    new = jvm.aggregate(original, Jvm.items(original.aggregateExpressions()) + extra, plan)
-    return new, Jvm.items(new.output())[-len(extra):] if extra else []
+    return Jvm.items(helper.aggregateExpressions()), helper
+
+
+def semi_join(jvm: Jvm, original, node: PlanNode, left: tuple, right: tuple):
+    """A left semi join with a static right side, as an inner join with the right rows grouped by key.
+
+    The output row is its left row; its lineage also holds every right row that
+    matched. Grouping the right side by its join keys, with the list of its rows' rid
+    structs, makes exactly one right row match each left row that has a match, so an
+    inner join keeps the semi join's rows and brings the matches' rids along. This holds
+    when every right column the condition reads is equated to a left-side value.
+    """
+    if node.children[1].streaming:
+        raise UnsupportedPlanError(node, "left semi joins with a streaming right side are not traced yet")
+    keys = jvm.equi_join_keys(original)
+    right_plan, right_attrs = right
+    right_ids = {a.exprId().id() for a in Jvm.items(original.right().output())}
+    if keys is not None:
+        _, right_keys, other = keys
+        key_ids = {k.exprId().id() for k in right_keys if k.getClass().getSimpleName() == "AttributeReference"}
+        read = {a.exprId().id() for a in Jvm.items(other.references().toSeq())} if other is not None else set()
+    if keys is None or len(key_ids) != len(right_keys) or (read & right_ids) - key_ids:
+        raise UnsupportedPlanError(
+            node, "a left semi join is traced when its condition equates each right-side column it reads with a "
+                  "left-side value (e.g. df.join(dim, 'k', 'left_semi'))"
+        )
+    lists, helper = _rid_lists(jvm, right_plan, right_attrs)
+    grouped = jvm.aggregate(helper, right_keys + lists, right_plan, grouping=right_keys)
+    left_plan, left_attrs = left
+    joined = jvm.inner_join(original, left_plan, grouped)
+    list_attrs = Jvm.items(grouped.output())[len(right_keys):]
+    rid_attrs = left_attrs + list_attrs
+    return jvm.project(_user_attrs(left_plan, left_attrs) + rid_attrs, joined), rid_attrs
 
 
 def _user_attrs(plan, rid_attrs: list) -> list:
@@ -283,6 +322,8 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
             return union(jvm, original, node, rewritten)
         if node.kind == "Aggregate":
             return aggregate(jvm, original, *rewritten[0])
+        if node.kind == "Join" and node.detail["join_type"] == "leftsemi":
+            return semi_join(jvm, original, node, *rewritten)
         if node.kind == "Expand":
             plan, attrs = rewritten[0]
             projections = [Jvm.items(p) + attrs for p in Jvm.items(original.projections())]

@@ -37,9 +37,25 @@ class Jvm:
     def project(self, named_expressions: list, child):
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Project(self.seq(named_expressions), child)
 
-    def aggregate(self, original, aggregate_expressions: list, child):
+    def aggregate(self, original, aggregate_expressions: list, child, grouping: list | None = None):
+        """An Aggregate like ``original`` (its grouping, unless given, and hint) over ``child``."""
+        groups = original.groupingExpressions() if grouping is None else self.seq(grouping)
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Aggregate(
-            original.groupingExpressions(), self.seq(aggregate_expressions), child, original.hint())
+            groups, self.seq(aggregate_expressions), child, original.hint())
+
+    def equi_join_keys(self, join) -> tuple[list, list, object] | None:
+        """(left keys, right keys, other condition or None) of an equi-join, else None."""
+        found = self.jvm.org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys.unapply(join)
+        if found.isEmpty():
+            return None
+        parts = found.get()
+        other = parts._4()
+        return self.items(parts._2()), self.items(parts._3()), other.get() if other.isDefined() else None
+
+    def inner_join(self, original, left, right):
+        """``original`` (condition and hint kept) as an inner join of ``left`` and ``right``."""
+        inner = self.jvm.org.apache.spark.sql.catalyst.plans.JoinType.apply("inner")
+        return original.copy(left, right, inner, original.condition(), original.hint())
 
     def expand(self, projections: list[list], output: list, child):
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Expand(

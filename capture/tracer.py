@@ -28,7 +28,7 @@ from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 from .kafka_source import KafkaSource
 from .lineage import BatchContext, SourceEdges
 from .publish import STATS_SCHEMA, PublishTarget, publish_partition
-from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, Threaded, thread_rids
+from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
 from .sinks import SinkSpec, write_batch
 
 log = logging.getLogger("headwater.capture")
@@ -189,9 +189,10 @@ class BatchHook:
         config = traced.tracer.config
         self.target = PublishTarget(config.bootstrap, config.edges_topic)
 
-    def _edges_from(self, sources, batch_id: int) -> tuple[SourceEdges, ...]:
+    def _edges_from(self, sources, batch_id: int, mask: int | None = None) -> tuple[SourceEdges, ...]:
+        """How each source's rows link to the rows of a batch; ``mask`` overrides the plan's masks."""
         return tuple(
-            SourceEdges(s.column, s.source, s.dataset, self.masks.get(s.node_id, -1),
+            SourceEdges(s.column, s.source, s.dataset, self.masks.get(s.node_id, -1) if mask is None else mask,
                         rid=self.state_rid(s, batch_id) if s.source == "blackbox" else None,
                         exact=s.source != "blackbox")
             for s in sources
@@ -235,15 +236,18 @@ class BatchHook:
             stats = self._publish(out, BatchContext(self.traced.name, self.traced.name, batch_id, threaded.ir.id,
                                                     self._edges_from(threaded.sources, batch_id)))
             stats["rows_out"] = out.count()
+            if self.sink.foreach_batch is not None:
+                self._add(stats, self._publish_foreach_batch(out, batch_id))
             inputs = {s.column: s for s in threaded.inputs}
             for box in boxes:
                 ctx = BatchContext(self.traced.name, self.traced.name, batch_id, box.node_id,
-                                   self._edges_from([inputs[c] for c in box.inputs], batch_id),
+                                   # What enters a black box reaches the sink's columns it feeds.
+                                   self._edges_from([inputs[c] for c in box.inputs], batch_id,
+                                                    self.masks.get(box.node_id, -1)),
                                    dst_kind="state", dst_dataset=box.dataset, exact=False)
                 entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id) \
                     .withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
-                for key, value in self._publish(entering, ctx).items():
-                    stats[key] = value if key == "error" else stats.get(key, 0) + value
+                self._add(stats, self._publish(entering, ctx))
         finally:
             out.unpersist()
             if boxes:
@@ -253,6 +257,26 @@ class BatchHook:
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), **stats,
         )
+
+    @staticmethod
+    def _add(stats: dict, more: dict) -> None:
+        for key, value in more.items():
+            stats[key] = value if key == "error" else stats.get(key, 0) + value
+
+    def _publish_foreach_batch(self, out: DataFrame, batch_id: int) -> dict:
+        """Superset edges from every row handed to the user's foreachBatch to the batch's node.
+
+        What that code writes is out of sight: rows it writes with their ``_hw_rid`` keep
+        exact lineage; any other row it derives has this node's lineage, a superset.
+        """
+        query = self.traced.name
+        column = f"{SOURCE_PREFIX}out"
+        rows = out.select(F.lit(rids.state_rid(query, rids.FOREACH_BATCH_OP, batch_id)).alias(RID_COLUMN),
+                          F.struct(F.col(RID_COLUMN).alias("rid")).alias(column))
+        ctx = BatchContext(query, query, batch_id, rids.FOREACH_BATCH_OP,
+                           (SourceEdges(column, "output", query, -1, exact=False),),
+                           dst_kind="state", dst_dataset=f"foreachBatch#{query}", exact=False)
+        return self._publish(rows, ctx)
 
     def _publish(self, rows: DataFrame, ctx: BatchContext) -> dict:
         fn = functools.partial(publish_partition, ctx=ctx, target=self.target)

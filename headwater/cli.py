@@ -104,8 +104,11 @@ def lineage() -> None:
     """Lineage queries, answered as JSON lines."""
 
 
+SOURCE_FORMS = "kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or foreachBatch:QUERY:BATCH"
+
+
 def parse_source(text: str) -> int:
-    """``kafka:TOPIC:PARTITION:OFFSET`` or ``table:NAME:KEY`` → rid."""
+    """A row's address (``SOURCE_FORMS``) → its rid."""
     kind, _, rest = text.partition(":")
     if kind == "kafka":
         topic, _, position = rest.rpartition(":")
@@ -116,7 +119,18 @@ def parse_source(text: str) -> int:
         name, _, key = rest.partition(":")
         if name and key:
             return rids.table_rid(name, key)
-    raise click.BadParameter(f"{text!r}: expected kafka:TOPIC:PARTITION:OFFSET or table:NAME:KEY")
+    elif kind == "file":
+        path, _, position = rest.rpartition(":")
+        if path and position.isdigit():
+            return rids.file_rid(path, int(position))
+    elif kind == "rate":
+        if rest.lstrip("-").isdigit():
+            return rids.rate_rid(int(rest))
+    elif kind == "foreachBatch":
+        query, _, batch = rest.rpartition(":")
+        if query and batch.isdigit():
+            return rids.state_rid(query, rids.FOREACH_BATCH_OP, int(batch))
+    raise click.BadParameter(f"{text!r}: expected {SOURCE_FORMS}")
 
 
 def _query(ctx: click.Context, direction: str, rid: int | None, source: str | None, to: str, depth: int,
@@ -127,7 +141,10 @@ def _query(ctx: click.Context, direction: str, rid: int | None, source: str | No
 
     if (rid is None) == (source is None):
         _fail("give exactly one of --rid or --source")
-    start = rid if rid is not None else parse_source(source)
+    try:
+        start = rid if rid is not None else parse_source(source)
+    except click.BadParameter as exc:
+        _fail(exc.message)
     try:
         with LineageClient(configuration.load(_home(ctx))) as client:
             found = getattr(client, direction)(start, to=to, depth=depth, payload=payload)
@@ -141,7 +158,7 @@ def _query(ctx: click.Context, direction: str, rid: int | None, source: str | No
 
 def _lineage_command(direction: str, default_to: str, summary: str) -> None:
     @click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid).")
-    @click.option("--source", default=None, help="kafka:TOPIC:PARTITION:OFFSET or table:NAME:KEY.")
+    @click.option("--source", default=None, help=f"The row's address: {SOURCE_FORMS}.")
     @click.option("--to", default=default_to, show_default=True, help=f"{default_to}, or a dataset name.")
     @click.option("--depth", type=int, default=16, show_default=True)
     @click.option("--payload", is_flag=True, help="Add the original source records.")

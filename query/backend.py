@@ -32,6 +32,9 @@ class Lineage:
     path: str | None = None
     position: int | None = None
     ops: list[int] = field(default_factory=list)  # operators on the path (plan IR ids)
+    # Attribute mask: bit i set when column i of the output row at the path's end
+    # derives from this input (TensProv), over all paths; -1 (every column) when unknown.
+    cols: int | None = None
     batches: list[int] = field(default_factory=list)
     exact: bool = True
     via: str = "edges"

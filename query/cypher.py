@@ -48,7 +48,7 @@ class CypherBackend:
         rows = self._run(
             f"MATCH {pattern} WHERE {where} "
             f"RETURN {_ROW_FIELDS}, [e IN es | e.op] AS ops, [e IN es | e.batch] AS batches, "
-            f"[e IN es | e.exact] AS exact",
+            f"[e IN es | e.exact] AS exact, es[size(es) - 1].cols AS cols",
             rid=rid, **params,
         )
         found: dict[int, Lineage] = {}
@@ -56,6 +56,8 @@ class CypherBackend:
             exact = all(x is not False for x in row.pop("exact"))
             ops, batches = row.pop("ops"), row.pop("batches")
             item = found.get(row["rid"])
+            if item is not None and item.cols != row["cols"]:
+                item.cols = -1 if None in (item.cols, row["cols"]) else item.cols | row["cols"]
             if item is None:
                 found[row["rid"]] = Lineage(of=rid, ops=ops, batches=sorted(set(batches)), exact=exact, **row)
             else:

@@ -10,8 +10,9 @@ Lineage semantics the oracle encodes (and capture must match):
 - explode: each element's row derives from the exploded row;
 - union: a row derives from the branch row it came from;
 - inner / left outer join with a static table: from the stream row and, when one
-  matched, the table row; left anti join: from the stream row alone (no table row
-  contributed to it).
+  matched, the table row; left semi join: from the stream row and the table rows
+  that matched, though it outputs only the stream row's columns; left anti join: from
+  the stream row alone (no table row contributed to it).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class Explode:
 
 @dataclass
 class JoinDims:
-    how: str  # inner | left | left_anti
+    how: str  # inner | left | left_anti | left_semi
 
     def spark(self, df, env):
         return df.join(env.dims_df, "k", self.how)
@@ -180,11 +181,25 @@ class JoinDims:
             if self.how == "left_anti":
                 if match is None:
                     out.append((r, lin))
+            elif self.how == "left_semi":
+                if match is not None:
+                    out.append((r, lin | {("table", "dims", str(r["k"]))}))
             elif match is not None:
                 out.append(({**r, **match}, lin | {("table", "dims", str(r["k"]))}))
             elif self.how == "left":
                 out.append(({**r, "name": None, "w": None}, lin))
         return out
+
+
+@dataclass
+class Repartition:
+    partitions: int
+
+    def spark(self, df, env):
+        return df.repartition(self.partitions, "k")
+
+    def run(self, rows, env):
+        return rows
 
 
 @dataclass
@@ -266,10 +281,18 @@ PIPELINES = {
         With("tw", "tag + w", lambda r: None if None in (r["tag"], r["w"]) else r["tag"] + r["w"]),
         Select(("id", "s", "tw")),
     ],
+    "semi_join_explode": [
+        Filter("v > -30", lambda r: cmp(r["v"], ">", -30)),
+        JoinDims("left_semi"),
+        Explode("tags", "tag", outer=True),
+        With("kv", "k * 100 + v", lambda r: r["k"] * 100 + r["v"]),
+        Select(("id", "tag", "kv")),
+    ],
     "case_where_join": [
         With("band", "CASE WHEN v < -10 THEN 'low' WHEN v > 10 THEN 'high' ELSE 'mid' END",
              lambda r: None if r["v"] is None else ("low" if r["v"] < -10 else "high" if r["v"] > 10 else "mid")),
         Filter("band != 'mid'", lambda r: cmp(r["band"], "!=", "mid")),
+        Repartition(3),
         JoinDims("inner"),
         Select(("id", "band", "name", "k")),
     ],

@@ -61,7 +61,7 @@ def ids_and_stats(df):
 
 # Queries whose state is keyed by event time, so Spark drops the late events; a group
 # keyed without event time takes them like any other. Lineage must be exact either way.
-DROPS_LATE = {"tumbling_append", "sliding_update", "dedup_watermark"}
+DROPS_LATE = {"tumbling_append", "sliding_update", "dedup_watermark", "union_tumbling"}
 
 QUERIES = {
     # name: (build, output mode)
@@ -72,6 +72,10 @@ QUERIES = {
                        "update"),
     "filter_then_aggregate": (lambda df: ids_and_stats(df.where("v > 0").groupBy("k")), "update"),
     "dedup_watermark": (lambda df: df.dropDuplicates(["k", "ts"]).select("id", "k", "v"), "append"),
+    # A chain: both branches of a union into one window; rows in both count twice.
+    "union_tumbling": (lambda df: ids_and_stats(df.where("v > 0").union(df.where("v < 3"))
+                                                .groupBy(F.window("ts", "20 seconds").alias("w"))), "append"),
+    "dedup_no_watermark": (lambda df: df.dropDuplicates(["k"]).select("id", "k", "v"), "append"),
 }
 
 

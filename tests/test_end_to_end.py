@@ -73,6 +73,9 @@ def test_backward_lineage_of_every_output_row_equals_the_oracle(spark, run):
             found = client.backward(row._hw_rid)
             assert {as_input(x) for x in found} == run.expected[row.order_id], row.order_id
             assert all(x.exact and x.via == "edges" and x.kind == "source" for x in found)
+            # Attribute masks over the sink's columns (order_id, customer_id, name, region,
+            # amount_eur, event_time): names and regions come from customers, the rest from Kafka.
+            assert {x.dataset.split(":")[0]: x.cols for x in found} == {"kafka": 0b110011, "customers": 0b001100}
 
 
 def test_forward_lineage_of_every_kafka_record_equals_the_oracle(spark, run):
@@ -160,6 +163,8 @@ def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     assert unknown.returncode == 2 and "not in the lineage graph" in json.loads(unknown.stderr)["error"]
     bad_depth = cli("lineage", "backward", "--rid", str(row._hw_rid), "--depth", "1000")
     assert bad_depth.returncode == 2 and "depth" in json.loads(bad_depth.stderr)["error"]
+    bad_source = cli("lineage", "forward", "--source", "kafka:no-partition")
+    assert bad_source.returncode == 2 and "expected kafka:TOPIC" in json.loads(bad_source.stderr)["error"]
     injection = cli("lineage", "backward", "--rid", str(row._hw_rid), "--to", "x' OR 1=1 //")
     assert injection.returncode == 0 and injection.stdout == ""
 
@@ -191,7 +196,7 @@ def test_a_retried_batch_yields_identical_rids_and_no_duplicate_edges(spark, run
     assert sorted(edges_after) == sorted(edges_before)
 
 
-def test_user_foreach_batch_and_table_sinks_get_the_users_columns(spark, run, tmp_path):
+def test_user_foreach_batch_and_table_sinks_get_the_users_columns(spark, stack, run, tmp_path):
     """The user's own foreachBatch gets their columns plus _hw_rid (or not, with emit_rid=False)."""
     from headwater.capture import attach
 
@@ -200,7 +205,9 @@ def test_user_foreach_batch_and_table_sinks_get_the_users_columns(spark, run, tm
 
     def keep(name):
         def collect(batch, batch_id):
-            seen.setdefault(name, []).extend(batch.collect())
+            rows = batch.collect()
+            seen.setdefault(name, []).extend(rows)
+            seen.setdefault(f"{name}-batches", {})[batch_id] = {r.order_id for r in rows}
             seen[f"{name}-columns"] = batch.columns
         return collect
 
@@ -225,3 +232,15 @@ def test_user_foreach_batch_and_table_sinks_get_the_users_columns(spark, run, tm
     assert seen["without_rid-columns"] == columns
     assert len(seen["with_rid"]) == len(seen["without_rid"]) == len(run.expected)
     assert table_rows == len(run.expected)
+
+    # Whatever the foreachBatch code derives from a batch has, at most, that batch's lineage.
+    index_all(run.config)
+    for batch_id, order_ids in seen["with_rid-batches"].items():
+        answer = subprocess.run(
+            [sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "lineage", "backward",
+             "--source", f"foreachBatch:fb-with_rid:{batch_id}"], capture_output=True, text=True, timeout=120)
+        lines = [json.loads(line) for line in answer.stdout.splitlines()]
+        assert answer.returncode == 0, answer.stderr
+        assert {("kafka", x["topic"], x["partition"], x["offset"]) if x["topic"] else ("table", x["dataset"], x["key"])
+                for x in lines} == set().union(*(run.expected[o] for o in order_ids))
+        assert not any(x["exact"] for x in lines)

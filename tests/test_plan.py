@@ -105,8 +105,21 @@ def test_declared_key_must_exist(demo_df):
         thread_rids(demo_df, {"customers": ("nope",)})
 
 
-def test_semi_joins_are_refused_rather_than_traced_incompletely(demo_df, spark):
-    customers = demo_df.select("customer_id")
-    semi = demo_df.join(customers.limit(1), "customer_id", "left_semi")
-    with pytest.raises(UnsupportedPlanError, match="leftsemi joins are not traced yet"):
-        thread_rids(semi)
+def test_semi_joins_that_cannot_be_traced_exactly_are_refused(demo_df, spark, tmp_path):
+    stream_side = demo_df.select(demo_df.customer_id.alias("c"))
+    with pytest.raises(UnsupportedPlanError, match="streaming right side"):
+        thread_rids(demo_df.join(stream_side, demo_df.customer_id == stream_side.c, "left_semi"))
+    path = tmp_path / "limits.parquet"
+    pq.write_table(pa.table({"c": [1, 2], "cap": [10.0, 50.0]}), path)
+    limits = spark.read.parquet(str(path))
+    # Many right rows can match one left row with different caps: not traceable by key.
+    above = demo_df.join(limits, (demo_df.customer_id == limits.c) & (demo_df.amount_eur > limits.cap), "left_semi")
+    with pytest.raises(UnsupportedPlanError, match="equates each right-side column"):
+        thread_rids(above)
+    by_key = demo_df.join(limits, demo_df.customer_id == limits.c, "left_semi")
+    threaded = thread_rids(by_key)
+    assert threaded.df.columns[: len(demo_df.columns)] == demo_df.columns
+    assert [(s.source, s.dataset) for s in threaded.sources] == [("kafka", None), ("static", "customers"),
+                                                                 ("static", "limits")]
+    # Every customers row that matched, as a list: the semi join's right-side lineage.
+    assert dict(threaded.df.dtypes)[threaded.sources[-1].column].startswith("array<struct<rid:bigint")

@@ -147,10 +147,15 @@ def rate_rid(value: int) -> int:
     return spark_xxhash64(RATE, value)
 
 
+# The op id of a query's foreachBatch user code, which lies past its plan.
+FOREACH_BATCH_OP = -1
+
+
 def state_rid(query: str, op: int, batch: int | None = None) -> int:
     """The rid of the state node of black-box operator ``op`` of ``query``.
 
     A stateless black box gets one node per batch (its outputs derive from that batch's
     inputs); a stateful one a single node (its outputs may derive from any earlier input).
+    The user's foreachBatch code is the black box ``FOREACH_BATCH_OP``, one node per batch.
     """
     return spark_xxhash64(STATE, query, Int(op), batch)
