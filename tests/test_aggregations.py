@@ -22,7 +22,9 @@ from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
 from headwater.demo import orders as demo_data
 from headwater.indexer.service import Indexer
+from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
+from headwater.query.backend import LineageError
 
 from .conftest import own_topics
 from .oracle import as_input
@@ -150,9 +152,19 @@ def test_aggregate_lineage_equals_the_oracle(spark, stack_config, tmp_path, name
         indexer.run(drain=True, idle_s=1.5, max_seconds=120)
     finally:
         indexer.close()
+    outputs_of: dict = {}
     with LineageClient(config) as client:
         for row in rows:
             ids = row["ids"] if "ids" in row else [row["id"]]
             found = client.backward(row["_hw_rid"])
             assert {as_input(x) for x in found} == {coordinates[i] for i in ids}, ids
             assert all(x.exact for x in found)
+            for i in ids:
+                outputs_of.setdefault(i, set()).add(row["_hw_rid"])
+        # Forward: each event reaches exactly the emitted rows that aggregated it.
+        for event_id, (_, topic, partition, offset) in coordinates.items():
+            try:
+                reached = {x.rid for x in client.forward(kafka_rid(topic, partition, offset))}
+            except LineageError:  # in no emitted row (late, or deduplicated away)
+                reached = set()
+            assert reached == outputs_of.get(event_id, set()), event_id

@@ -20,7 +20,9 @@ from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
 from headwater.demo import orders as demo_data
 from headwater.indexer.service import Indexer
+from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
+from headwater.query.backend import LineageError
 
 from .conftest import own_topics
 from .oracle import as_input
@@ -133,6 +135,7 @@ def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path
         indexer.run(drain=True, idle_s=1.5, max_seconds=120)
     finally:
         indexer.close()
+    outputs_of: dict = {}
     with LineageClient(config) as client:
         for row in traced:
             expected = set()
@@ -143,3 +146,12 @@ def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path
             found = client.backward(row._hw_rid)
             assert {as_input(x) for x in found} == expected, (row.iid, row.cid)
             assert all(x.exact for x in found)
+            for item in expected:
+                outputs_of.setdefault(item, set()).add(row._hw_rid)
+        # Forward: each impression and click reaches exactly the joined rows holding it.
+        for (_, topic, partition, offset) in coordinates.values():
+            try:
+                reached = {x.rid for x in client.forward(kafka_rid(topic, partition, offset))}
+            except LineageError:  # joined nothing and was not emitted alone
+                reached = set()
+            assert reached == outputs_of.get(("kafka", topic, partition, offset), set())
