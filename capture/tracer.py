@@ -22,7 +22,7 @@ from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
-from headwater.core.plan import column_masks
+from headwater.core.plan import column_lineage, column_masks
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
 from .kafka_source import KafkaSource
@@ -160,9 +160,13 @@ class TracedWriter:
         writer = writer.queryName(self._query_name or traced.name)
         if self._checkpoint:
             writer = writer.option("checkpointLocation", self._checkpoint)
+        ir = traced.threaded.ir
+        reads = column_lineage(ir)
         traced.tracer.publish_log(
-            LOG_PLAN, query=traced.name, sink=self._sink.describe(), ir=traced.threaded.ir.to_dict(),
-            sources=[s.to_dict() for s in traced.threaded.sources + traced.threaded.inputs], at=time.time(),
+            LOG_PLAN, query=traced.name, sink=self._sink.describe(), ir=ir.to_dict(),
+            sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)}
+                     for s in traced.threaded.sources + traced.threaded.inputs],
+            output_columns=[a.name for a in ir.output], at=time.time(),
         )
         return writer.start()
 

@@ -132,6 +132,11 @@ def test_batch_log_records_plan_and_every_batch(run):
     plans = [r for r in records if r["schema"] == LOG_PLAN]
     batches = [r for r in records if r["schema"] == LOG_BATCH]
     assert plans and plans[0]["ir"]["kind"] == "Project"
+    # Attribute-level lineage, once per query: which source columns each sink column reads.
+    assert plans[0]["output_columns"] == ["order_id", "customer_id", "name", "region", "amount_eur", "event_time"]
+    kafka, customers = plans[0]["sources"]
+    assert kafka["columns_read"] == [["value"], ["value"], [], [], ["value"], ["value"]]
+    assert customers["columns_read"] == [[], [], ["name"], ["region"], [], []]
     ran = {p.batchId for p in run.query.recentProgress if p.numInputRows}
     assert {b["batch"] for b in batches} >= ran
     assert all(b["status"] == "full" and b["failed_edges"] == 0 for b in batches)

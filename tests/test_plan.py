@@ -6,7 +6,7 @@ from headwater.capture import UnsupportedPlanError
 from headwater.capture.kafka_source import KafkaSource
 from headwater.capture.rewrite import thread_rids
 from headwater.capture.spark_plan import plan_ir
-from headwater.core.plan import build, column_masks
+from headwater.core.plan import build, column_lineage, column_masks
 from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 
@@ -47,6 +47,21 @@ def test_ir_from_records_classifies_folds_static_subtrees_and_masks_columns():
     assert ir.children[0].detail["join_type"] == "inner"
     # a comes only from the stream; c = b + d from both.
     assert column_masks(ir) == {stream.id: 0b11, static.id: 0b10}
+    assert column_lineage(ir) == {stream.id: [["a"], ["b"]], static.id: [[], ["d"]]}
+
+
+def test_union_columns_derive_from_every_branch():
+    # Union[x] <- (Project[x = a * 2] <- stream[a], stream[b])
+    raw = [
+        node("Union", [attr("x", 5)], 2),
+        node("Project", [attr("x", 5)], 1, projectList=[[alias(5), {"class": "Multiply"}, ref(1)]]),
+        node("StreamingRelationV2", [attr("a", 1)]),
+        node("StreamingRelationV2", [attr("b", 2)]),
+    ]
+    ir = build(raw)
+    first, second = ir.sources()
+    assert column_masks(ir) == {first.id: 1, second.id: 1}
+    assert column_lineage(ir) == {first.id: [["a"]], second.id: [["b"]]}
 
 
 def test_ir_rejects_records_that_are_not_one_tree():

@@ -167,6 +167,12 @@ def build(raw: list[RawNode]) -> PlanNode:
                 str(a["expr_id"]): sorted(set().union(*(_expr_ids(p[i]) for p in projections if i < len(p))))
                 for i, a in enumerate(node["output"])
             }
+        elif kind == "Union":
+            # Union is positional: output column i is, row by row, column i of one branch.
+            detail["derives"] = {
+                str(a["expr_id"]): sorted({c.output[i].expr_id for c in children if i < len(c.output)})
+                for i, a in enumerate(node["output"])
+            }
         elif kind == "Join":
             detail["join_type"] = _join_type(fields)
         elif kind == "Alias":
@@ -253,27 +259,34 @@ def column_masks(root: PlanNode) -> dict[int, int]:
     attribute the source produces (TensProv's attribute mask). Columns past 63 share
     bit 63, so a mask is never narrower than the truth.
     """
+    masks = {}
+    for source, columns in column_lineage(root).items():
+        mask = 0
+        for i, read in enumerate(columns):
+            if read:
+                mask |= 1 << min(i, 63)
+        masks[source] = mask - (1 << 64) if mask >= 1 << 63 else mask
+    return masks
+
+
+def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
+    """Per source or black-box node id: for each of the root's output columns, the names
+    of that source's columns it is computed from (empty: none of them)."""
     derives = derivation(root)
 
-    def base(expr_id: int, seen: set[int]) -> set[int]:
+    def reached(expr_id: int, seen: set[int]) -> set[int]:
+        """Every attribute ``expr_id`` is computed from, itself included."""
         if expr_id in seen:
             return set()
         seen.add(expr_id)
-        inputs = derives.get(expr_id)
-        if not inputs:
-            return {expr_id}
-        found: set[int] = set()
-        for i in inputs:
-            found |= base(i, seen)
+        found = {expr_id}
+        for i in derives.get(expr_id, ()):
+            found |= reached(i, seen)
         return found
 
-    column_bases = [base(a.expr_id, set()) for a in root.output]
-    masks = {}
+    column_reads = [reached(a.expr_id, set()) for a in root.output]
+    lineage = {}
     for source in lineage_leaves(root):
-        produced = {a.expr_id for a in source.output}
-        mask = 0
-        for i, bases in enumerate(column_bases):
-            if bases & produced:
-                mask |= 1 << min(i, 63)
-        masks[source.id] = mask - (1 << 64) if mask >= 1 << 63 else mask
-    return masks
+        name_of = {a.expr_id: a.name for a in source.output}
+        lineage[source.id] = [sorted({name_of[i] for i in reads if i in name_of}) for reads in column_reads]
+    return lineage
