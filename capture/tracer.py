@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from headwater.core.plan import column_lineage, column_masks
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
 from .kafka_source import KafkaSource
+from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
 from .publish import STATS_SCHEMA, PublishTarget, publish_partition
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
@@ -46,10 +48,16 @@ def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tr
 
 
 class Tracer:
+    """Traces streaming queries of one SparkSession; ``close()`` when done with it."""
+
     def __init__(self, spark: SparkSession, config: Config):
         self.spark = spark
         self.config = config
         self._log_producer = None
+        self._log_lock = threading.Lock()
+        self._queries: dict[str, str] = {}  # Spark query name → traced query name
+        self._listener = ProgressListener(self._queries.get, self.publish_log)
+        spark.streams.addListener(self._listener)
 
     def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True,
               black_boxes=()) -> "Traced":
@@ -67,16 +75,27 @@ class Tracer:
         return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid)
 
     def close(self) -> None:
-        if self._log_producer is not None:
-            self._log_producer.close()
-            self._log_producer = None
+        """Stop listening and flush the log; call it after the traced queries have stopped."""
+        if self._listener is not None:
+            try:  # let progress events already posted reach the listener first
+                self.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+            except Exception:
+                log.warning("progress events still queued at close may not be logged", exc_info=True)
+            self.spark.streams.removeListener(self._listener)
+            self._listener = None
+        with self._log_lock:
+            if self._log_producer is not None:
+                self._log_producer.close()
+                self._log_producer = None
 
     def publish_log(self, schema: str, **fields) -> None:
-        if self._log_producer is None:
-            self._log_producer = producer(self.config.bootstrap, linger_ms=0)
-        key = str(fields.get("query", "")).encode()
-        self._log_producer.send(self.config.log_topic, key=key, value=encode_log(schema, **fields))
-        self._log_producer.flush(timeout=10)
+        """One record to the log topic; the hook and the listener call it from different threads."""
+        with self._log_lock:
+            if self._log_producer is None:
+                self._log_producer = producer(self.config.bootstrap, linger_ms=0)
+            key = str(fields.get("query", "")).encode()
+            self._log_producer.send(self.config.log_topic, key=key, value=encode_log(schema, **fields))
+            self._log_producer.flush(timeout=10)
 
 
 @dataclass
@@ -157,7 +176,9 @@ class TracedWriter:
             writer = writer.outputMode(self._output_mode)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
-        writer = writer.queryName(self._query_name or traced.name)
+        query_name = self._query_name or traced.name
+        writer = writer.queryName(query_name)
+        traced.tracer._queries[query_name] = traced.name
         if self._checkpoint:
             writer = writer.option("checkpointLocation", self._checkpoint)
         ir = traced.threaded.ir

@@ -19,7 +19,7 @@ from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, Tra
 
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.config import Config
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, PayloadError, decode_lineage, decode_log
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, decode_lineage, decode_log
 
 from .graph import GraphWriter
 
@@ -111,9 +111,11 @@ class Indexer:
             for source in record.get("sources", []):
                 if source.get("source") == "static" and source.get("dataset"):
                     self.graph.write_dataset(source["dataset"], _dataset_props(source))
-        elif record["schema"] == LOG_BATCH:
-            props = {k: v for k, v in record.items()
-                     if k not in ("schema", "query", "batch") and isinstance(v, (int, float, str, bool))}
+        elif record["schema"] in (LOG_BATCH, LOG_PROGRESS):
+            # Both halves of a batch's log entry land on one Batch node; nested values
+            # (source offsets, durations) as JSON text, since properties are flat.
+            props = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v, sort_keys=True)
+                     for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
             self.graph.write_batch(record["query"], int(record["batch"]), props)
 
     def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None) -> IndexerStats:

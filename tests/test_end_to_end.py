@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -12,11 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 from kafka import KafkaConsumer
+from pyspark.sql import functions as F
 
 from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics
 from headwater.core.rid import kafka_rid
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, decode_log
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, decode_log
 from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 from headwater.demo.run import count_malformed, end_offsets, run_pipeline
@@ -141,6 +143,39 @@ def test_batch_log_records_plan_and_every_batch(run):
     assert {b["batch"] for b in batches} >= ran
     assert all(b["status"] == "full" and b["failed_edges"] == 0 for b in batches)
     assert sum(b["edges"] for b in batches) == 2 * len(run.expected) == run.stats.edges
+
+
+def test_batch_log_records_the_offsets_each_batch_read(spark, run):
+    """Progress records: per batch, offset ranges that tile the topic and hold that batch's rows."""
+    consumer = KafkaConsumer(run.config.log_topic, bootstrap_servers=run.config.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    records = [decode_log(m.value) for m in consumer]
+    consumer.close()
+    progress = {r["batch"]: r for r in records if r["schema"] == LOG_PROGRESS and r["rows_in"]}
+    assert set(progress) == {p.batchId for p in run.query.recentProgress if p.numInputRows}
+    assert all(r["query"] == "enriched_orders" and r["durations_ms"]["triggerExecution"] > 0
+               for r in progress.values())
+    read_up_to: dict = {}
+    for batch in sorted(progress):
+        (source,) = progress[batch]["sources"]
+        assert (source["start"] or {}) == read_up_to, "batches must read the topic without gaps or overlaps"
+        assert source["rows_in"] == sum(source["end"][k] - read_up_to.get(k, 0) for k in source["end"])
+        read_up_to = source["end"]
+    assert read_up_to == end_offsets(run.topic, run.coordinates)
+
+    # Every output row's Kafka record lies in the range its batch's progress names.
+    coordinate_of = {}
+    for (_, value), (p, o) in zip(run.events, run.coordinates):
+        order = json.loads(value) if value.startswith(b"{") and value.endswith(b"}") else None
+        if isinstance(order, dict) and "order_id" in order:
+            coordinate_of[order["order_id"]] = (p, o)
+    rows = spark.read.parquet(run.sink).withColumn("file", F.input_file_name()).select("order_id", "file").collect()
+    for row in rows:
+        batch = int(re.search(r"part-hw-(\d+)-", row.file).group(1))
+        (source,) = progress[batch]["sources"]
+        p, o = coordinate_of[row.order_id]
+        key = f"{run.topic}:{p}"
+        assert (source["start"] or {}).get(key, 0) <= o < source["end"][key]
 
 
 def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):

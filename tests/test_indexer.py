@@ -1,8 +1,10 @@
+import json
+
 import pyarrow as pa
 from kafka import KafkaConsumer
 
 from headwater.adapters.kafka import ensure_topics, producer
-from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, NODE_SCHEMA, encode_lineage, encode_log
+from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, LOG_PROGRESS, NODE_SCHEMA, encode_lineage, encode_log
 from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 
@@ -26,6 +28,8 @@ def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config
     client.send(config.log_topic, value=b'{"no": "schema"}')
     client.send(config.edges_topic, value=lineage_payload(7003, 7002))
     client.send(config.log_topic, value=encode_log(LOG_BATCH, query="q-indexer", batch=0, status="full"))
+    client.send(config.log_topic, value=encode_log(
+        LOG_PROGRESS, query="q-indexer", batch=0, rows_in=2, sources=[{"start": None, "end": {"t:0": 2}}]))
     client.flush()
     client.close()
 
@@ -35,7 +39,7 @@ def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config
     finally:
         indexer.close()
     assert stats.dlq == 2
-    assert stats.edges == 2 and stats.log_records == 1
+    assert stats.edges == 2 and stats.log_records == 2
 
     dlq = KafkaConsumer(config.dlq_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
                         consumer_timeout_ms=3000)
@@ -48,6 +52,14 @@ def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config
 
     with LineageClient(config) as lineage:
         assert sorted(x.rid for x in lineage.backward(7002)) == [7001, 7003]
+
+    # Both halves of the batch's log entry, capture status and progress, on one Batch node.
+    from headwater.adapters.graph import driver
+
+    with driver(config) as d, d.session(database=config.graph_database) as s:
+        batch = s.run("MATCH (b:Batch {query: 'q-indexer', batch: 0}) RETURN properties(b) AS p").single()["p"]
+    assert batch["status"] == "full" and batch["rows_in"] == 2
+    assert json.loads(batch["sources"]) == [{"start": None, "end": {"t:0": 2}}]
 
 
 def test_indexing_twice_changes_nothing(config):

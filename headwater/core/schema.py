@@ -49,7 +49,9 @@ EDGE_SCHEMA = pa.schema(
 )
 
 LOG_PLAN = "headwater.log.plan/1"
-LOG_BATCH = "headwater.log.batch/1"
+LOG_BATCH = "headwater.log.batch/1"  # a batch's capture status, from the per-batch hook
+LOG_PROGRESS = "headwater.log.progress/1"  # a batch's source offsets and durations, from Spark's progress
+LOG_SCHEMAS = (LOG_PLAN, LOG_BATCH, LOG_PROGRESS)
 
 CAPTURE_STATUSES = ("full", "sampled", "log-only", "failed")
 
@@ -108,6 +110,6 @@ def decode_log(message: bytes) -> dict:
         record = json.loads(message)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"log record is not JSON ({exc})") from exc
-    if not isinstance(record, dict) or record.get("schema") not in (LOG_PLAN, LOG_BATCH):
+    if not isinstance(record, dict) or record.get("schema") not in LOG_SCHEMAS:
         raise PayloadError("log record has no known 'schema' header")
     return record
