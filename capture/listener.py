@@ -52,9 +52,11 @@ class ProgressListener(StreamingQueryListener):
     """Publishes progress of traced queries: ``traced(spark query name)`` names the traced
     query, or is None for a query that is not traced, which is ignored."""
 
-    def __init__(self, traced: Callable[[str], str | None], publish: Callable[..., None]):
+    def __init__(self, traced: Callable[[str], str | None], publish: Callable[..., None],
+                 observe: Callable[[dict], None] = lambda record: None):
         self._traced = traced
         self._publish = publish
+        self._observe = observe  # sees each record too, for metrics
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -65,7 +67,9 @@ class ProgressListener(StreamingQueryListener):
         if query is None:
             return
         try:
-            self._publish(LOG_PROGRESS, **progress_record(progress, query))
+            record = progress_record(progress, query)
+            self._observe(record)
+            self._publish(LOG_PROGRESS, **record)
         except Exception:  # a listener must never fail the stream
             log.exception("publishing the progress of %s batch %s failed", progress.name, progress.batchId)
 

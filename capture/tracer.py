@@ -9,6 +9,7 @@ sink and publishes the batch's lineage from the executors.
 from __future__ import annotations
 
 import functools
+import datetime as dt
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from headwater.core.config import Config
 from headwater.core.plan import column_lineage, column_masks
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
+from . import metrics
 from .kafka_source import KafkaSource
 from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
@@ -56,8 +58,27 @@ class Tracer:
         self._log_producer = None
         self._log_lock = threading.Lock()
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
-        self._listener = ProgressListener(self._queries.get, self.publish_log)
+        self._publish_seconds: dict[tuple[str, int], float] = {}  # (query, batch) → hook's publishing time
+        self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress)
         spark.streams.addListener(self._listener)
+        self._metrics_server = metrics.serve(config.metrics_port) if config.metrics_port else None
+
+    def note_publishing(self, query: str, batch: int, seconds: float) -> None:
+        """The hook's publishing time of a batch, until that batch's progress arrives."""
+        self._publish_seconds[(query, batch)] = seconds
+        if len(self._publish_seconds) > 1000:  # progress that never came
+            self._publish_seconds.pop(next(iter(self._publish_seconds)))
+
+    def _observe_progress(self, record: dict) -> None:
+        query, batch = record["query"], record["batch"]
+        batch_ms = record["durations_ms"].get("triggerExecution")
+        published = self._publish_seconds.pop((query, batch), None)
+        if batch_ms is not None and published is not None:
+            metrics.OVERHEAD_RATIO.labels(query).set(metrics.overhead_ratio(published, batch_ms / 1000))
+        if batch_ms is not None and record.get("at"):
+            started = dt.datetime.fromisoformat(record["at"].replace("Z", "+00:00"))
+            ended = started + dt.timedelta(milliseconds=batch_ms)
+            metrics.LISTENER_LAG_SECONDS.labels(query).set((dt.datetime.now(dt.timezone.utc) - ended).total_seconds())
 
     def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True,
               black_boxes=()) -> "Traced":
@@ -83,6 +104,10 @@ class Tracer:
                 log.warning("progress events still queued at close may not be logged", exc_info=True)
             self.spark.streams.removeListener(self._listener)
             self._listener = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         with self._log_lock:
             if self._log_producer is not None:
                 self._log_producer.close()
@@ -258,6 +283,7 @@ class BatchHook:
         try:
             rows = out.select(*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else []))
             write_batch(rows, self.sink, batch_id)
+            publish_started = time.monotonic()
             stats = self._publish(out, BatchContext(self.traced.name, self.traced.name, batch_id, threaded.ir.id,
                                                     self._edges_from(threaded.sources, batch_id)))
             stats["rows_out"] = out.count()
@@ -273,11 +299,14 @@ class BatchHook:
                 entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id) \
                     .withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
                 self._add(stats, self._publish(entering, ctx))
+            publishing = time.monotonic() - publish_started
         finally:
             out.unpersist()
             if boxes:
                 frame.unpersist()
         status = "full" if stats["failed_edges"] == 0 and stats.get("error") is None else "failed"
+        metrics.record_batch(self.traced.name, status, stats, publishing)
+        self.traced.tracer.note_publishing(self.traced.name, batch_id, publishing)
         self.traced.tracer.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), **stats,

@@ -284,3 +284,40 @@ def test_user_foreach_batch_and_table_sinks_get_the_users_columns(spark, stack, 
         assert {("kafka", x["topic"], x["partition"], x["offset"]) if x["topic"] else ("table", x["dataset"], x["key"])
                 for x in lines} == set().union(*(run.expected[o] for o in order_ids))
         assert not any(x["exact"] for x in lines)
+
+
+def test_capture_metrics_are_served_on_loopback(spark, run, tmp_path):
+    import urllib.request
+
+    from headwater.capture import attach
+    from headwater.deploy.stack import free_port
+
+    port = free_port()
+    tracer = attach(spark, run.config, metrics_port=port)
+    name = f"metrics-{uuid.uuid4().hex[:6]}"
+    try:
+        df = enriched_orders(spark, run.config.bootstrap, run.topic, str(run.workdir / "customers.parquet"))
+        query = (tracer.trace(df, name=name, keys={"customers": "customer_id"}).writeStream.format("noop")
+                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
+        query.awaitTermination(180)
+        batches = sum(1 for p in query.recentProgress if p.numInputRows)
+        tracer.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        tracer.close()
+
+    def value(metric: str, **labels) -> float:
+        wanted = ",".join(f'{k}="{v}"' for k, v in {"query": name, **labels}.items())
+        (line,) = [x for x in text.splitlines() if x.startswith(f"{metric}{{{wanted}}} ")]
+        return float(line.rsplit(" ", 1)[1])
+
+    assert batches >= 1
+    assert value("headwater_capture_edges_total") == 2 * len(run.expected)
+    assert value("headwater_capture_dropped_edges_total") == 0
+    assert value("headwater_capture_batches_total", status="full") == batches
+    assert value("headwater_capture_publish_seconds_count") == batches
+    assert value("headwater_capture_bytes_total") > 0
+    assert 0 < value("headwater_capture_overhead_ratio") < 100
+    assert value("headwater_capture_listener_lag_seconds") < 60
+    with pytest.raises(OSError):  # closed with its tracer
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

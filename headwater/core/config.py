@@ -30,6 +30,7 @@ class Config:
     graph_user: str = "root"
     graph_password: str = ""
     graph_database: str = "lineage"
+    metrics_port: int = 0  # capture's Prometheus endpoint on 127.0.0.1; 0: none
 
     @classmethod
     def from_dict(cls, values: dict) -> "Config":

@@ -1,0 +1,42 @@
+"""Prometheus metrics of capture, ``headwater_capture_*``, labelled by traced query.
+
+They live in prometheus-client's default registry, one set per process, so several
+tracers in one job share them; ``serve(port)`` exposes them on 127.0.0.1 (the caller
+stops the server it got).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+EDGES = Counter("headwater_capture_edges", "Lineage edges published to the edges topic", ["query"])
+BYTES = Counter("headwater_capture_bytes", "Bytes of lineage payloads published", ["query"])
+DROPPED_EDGES = Counter("headwater_capture_dropped_edges",
+                        "Edges captured but not delivered to the broker (their batch is logged as a gap)", ["query"])
+BATCHES = Counter("headwater_capture_batches", "Micro-batches by capture status", ["query", "status"])
+PUBLISH_SECONDS = Histogram("headwater_capture_publish_seconds",
+                            "Time the per-batch hook spends turning a batch into lineage and publishing it", ["query"])
+OVERHEAD_RATIO = Gauge("headwater_capture_overhead_ratio",
+                       "Last batch: lineage publishing time over the rest of the batch's time", ["query"])
+LISTENER_LAG_SECONDS = Gauge("headwater_capture_listener_lag_seconds",
+                             "Last batch: from its end to its progress reaching the listener", ["query"])
+
+
+def record_batch(query: str, status: str, stats: dict, publish_seconds: float) -> None:
+    """Count one micro-batch's capture, from the per-batch hook's figures."""
+    EDGES.labels(query).inc(stats.get("edges", 0))
+    BYTES.labels(query).inc(stats.get("bytes", 0))
+    DROPPED_EDGES.labels(query).inc(stats.get("failed_edges", 0))
+    BATCHES.labels(query, status).inc()
+    PUBLISH_SECONDS.labels(query).observe(publish_seconds)
+
+
+def overhead_ratio(publish_seconds: float, batch_seconds: float) -> float:
+    """Publishing time over the time the batch would have taken without it."""
+    return publish_seconds / max(batch_seconds - publish_seconds, 1e-3)
+
+
+def serve(port: int, host: str = "127.0.0.1"):
+    """Start the ``/metrics`` endpoint; returns the server, whose ``shutdown()`` stops it."""
+    server, _ = start_http_server(port, addr=host)
+    return server
