@@ -164,8 +164,9 @@ def aggregate(jvm: Jvm, original, plan, attrs: list):
     return new, Jvm.items(new.output())[-len(extra):] if extra else []
 
 
-def _rid_lists(jvm: Jvm, plan, attrs: list) -> list:
-    """Named expressions collecting, per rid column, the sorted list of a group's rid structs."""
+def _rid_lists(jvm: Jvm, plan, attrs: list) -> tuple[list, object]:
+    """Named expressions collecting, per rid column, the sorted list of a group's rid structs,
+    and the helper Aggregate they were analyzed in."""
     columns = []
     for attr in attrs:
         collected = F.collect_list(F.col(attr.name()))
@@ -245,12 +246,12 @@ def black_box_source(jvm: Jvm, node: PlanNode, new_plan) -> tuple:
     return plan, Jvm.items(plan.output())[-1], TracedSource(node.id, name, "blackbox", dataset, (), None, stateful)
 
 
-def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list) -> tuple:
+def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list):
     """``Union(plan's rows, each black box's input rows)``: see the module docstring."""
     main = jvm.dataframe(plan)
     user_fields = main.schema.fields[: len(main.columns) - len(rid_attrs)]
     types = {f.name: f.dataType for f in main.schema.fields[len(user_fields):]}
-    for _, branch_plan, _ in branches:
+    for _, branch_plan in branches:
         for f in jvm.dataframe(branch_plan).schema.fields:
             if f.name.startswith(SOURCE_PREFIX):
                 types.setdefault(f.name, f.dataType)
@@ -262,7 +263,7 @@ def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list) -> t
     present = set(main.columns)
     union = main.select("*", *[null(n, types[n]) for n in rid_names if n not in present],
                         null(BLACK_BOX_MARKER, "int"))
-    for node_id, branch_plan, _ in branches:
+    for node_id, branch_plan in branches:
         branch = jvm.dataframe(branch_plan)
         own = set(branch.columns)
         union = union.union(branch.select(
@@ -270,14 +271,14 @@ def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list) -> t
             *[F.col(n) if n in own else null(n, types[n]) for n in rid_names],
             F.lit(node_id).alias(BLACK_BOX_MARKER),
         ))
-    return analyzed(union), rid_names
+    return analyzed(union)
 
 
 def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
                 black_boxes: frozenset[str] = frozenset()) -> Threaded:
     """Rebuild ``df``'s plan with rid columns threaded to its root.
 
-    ``black_boxes`` names Spark plan classes (e.g. ``"Sample"``) to trace as black
+    ``black_boxes`` names Spark plan classes (e.g. ``"GlobalLimit"``) to trace as black
     boxes besides those headwater always treats so (user code over pandas or state).
     """
     keys = keys or {}
@@ -288,7 +289,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
     ir, jnodes = plan_ir(df)
     traced: list[TracedSource] = []
     boxes: list[BlackBox] = []
-    branches: list[tuple] = []  # (black box node id, its input plan, the input's rid attributes)
+    branches: list[tuple] = []  # (black box node id, the plan of the rows going into it)
 
     def rewrite(node: PlanNode):
         """(new JVM plan, the rid attributes it outputs) for the subtree at ``node``."""
@@ -301,8 +302,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
             return plan, [Jvm.items(plan.output())[-1]]
         if node.kind == "BlackBox" or node.spark_class in black_boxes:
             rewritten = [rewrite(child) for child in node.children]
-            for plan, attrs in rewritten:
-                branches.append((node.id, plan, attrs))
+            branches.extend((node.id, plan) for plan, _ in rewritten)
             # The black box reads its children's own columns, as the user wrote it.
             children = [jvm.project(_user_attrs(plan, attrs), plan) for plan, attrs in rewritten]
             plan, attr, spec = black_box_source(jvm, node, jvm.with_children(original, children))
@@ -344,7 +344,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
     # input of a black box) has no rid column there and no edges to outputs.
     reaching = {a.name() for a in rid_attrs}
     if branches:
-        plan, _ = _with_black_box_inputs(jvm, plan, rid_attrs, branches)
+        plan = _with_black_box_inputs(jvm, plan, rid_attrs, branches)
     entering = {name for box in boxes for name in box.inputs}
     sources = sorted((s for s in traced if s.column in reaching), key=lambda s: s.node_id)
     inputs = sorted((s for s in traced if s.column in entering), key=lambda s: s.node_id)

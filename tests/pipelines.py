@@ -204,13 +204,21 @@ class Repartition:
 
 @dataclass
 class UnionOf:
-    """``df.where(a).union(df.where(b))``: rows in both branches appear twice."""
+    """``df.where(a).union(df.where(b))``: rows in both branches appear twice.
+
+    With ``by_name`` the right branch's columns come in reverse order and
+    ``unionByName`` puts them back.
+    """
 
     left: Filter
     right: Filter
+    by_name: bool = False
 
     def spark(self, df, env):
-        return self.left.spark(df, env).union(self.right.spark(df, env))
+        left, right = self.left.spark(df, env), self.right.spark(df, env)
+        if self.by_name:
+            return left.unionByName(right.select(*reversed(right.columns)))
+        return left.union(right)
 
     def run(self, rows, env):
         return self.left.run(rows, env) + self.right.run(rows, env)
@@ -248,7 +256,7 @@ PIPELINES = {
     ],
     "union_join": [
         UnionOf(Filter("v > 10", lambda r: cmp(r["v"], ">", 10)), Filter("v < -10 OR v > 40",
-                lambda r: None if r["v"] is None else (r["v"] < -10 or r["v"] > 40))),
+                lambda r: None if r["v"] is None else (r["v"] < -10 or r["v"] > 40)), by_name=True),
         JoinDims("inner"),
         Select(("id", "v", "name")),
     ],
