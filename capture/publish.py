@@ -17,7 +17,8 @@ from headwater.core.schema import encode_lineage
 
 from .lineage import BatchContext, lineage_tables
 
-STATS_SCHEMA = "edges long, nodes long, bytes long, messages long, failed_edges long"
+STATS = ("rows", "edges", "nodes", "bytes", "messages", "failed_edges")
+STATS_SCHEMA = ", ".join(f"{name} long" for name in STATS)
 
 _PRODUCERS: dict = {}
 
@@ -41,13 +42,14 @@ def _producer(bootstrap: str):
 def publish_partition(
     batches: Iterator[pa.RecordBatch], ctx: BatchContext, target: PublishTarget
 ) -> Iterator[pa.RecordBatch]:
-    edges = nodes = size = messages = failed = 0
+    rows = edges = nodes = size = messages = failed = 0
     futures = []
     try:
         producer = _producer(target.bootstrap)
     except Exception:  # broker unreachable: the batch is reported as a gap, the stream goes on
         producer = None
     for batch in batches:
+        rows += batch.num_rows
         for offset in range(0, batch.num_rows, target.max_rows_per_message):
             chunk = batch.slice(offset, target.max_rows_per_message)
             node_table, edge_table = lineage_tables(chunk, ctx)
@@ -70,5 +72,6 @@ def publish_partition(
         if not future.succeeded():
             failed += count
     yield pa.RecordBatch.from_pydict(
-        {"edges": [edges], "nodes": [nodes], "bytes": [size], "messages": [messages], "failed_edges": [failed]}
+        {"rows": [rows], "edges": [edges], "nodes": [nodes], "bytes": [size], "messages": [messages],
+         "failed_edges": [failed]}
     )

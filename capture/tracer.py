@@ -31,7 +31,7 @@ from . import metrics
 from .kafka_source import KafkaSource
 from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
-from .publish import STATS_SCHEMA, PublishTarget, publish_partition
+from .publish import STATS, STATS_SCHEMA, PublishTarget, publish_partition
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
 from .sinks import SinkSpec, write_batch
 
@@ -286,7 +286,8 @@ class BatchHook:
             publish_started = time.monotonic()
             stats = self._publish(out, BatchContext(self.traced.name, self.traced.name, batch_id, threaded.ir.id,
                                                     self._edges_from(threaded.sources, batch_id)))
-            stats["rows_out"] = out.count()
+            # Counted by the publishing job itself: no job of its own.
+            stats["rows_out"] = stats.pop("rows", None)
             if self.sink.foreach_batch is not None:
                 self._add(stats, self._publish_foreach_batch(out, batch_id))
             inputs = {s.column: s for s in threaded.inputs}
@@ -314,6 +315,8 @@ class BatchHook:
 
     @staticmethod
     def _add(stats: dict, more: dict) -> None:
+        """Add another publishing job's figures; rows out are the sink's alone."""
+        more.pop("rows", None)
         for key, value in more.items():
             stats[key] = value if key == "error" else stats.get(key, 0) + value
 
@@ -337,9 +340,9 @@ class BatchHook:
         columns = [RID_COLUMN, *[s.column for s in ctx.sources]]
         try:
             return rows.select(*columns).mapInArrow(fn, STATS_SCHEMA).agg(
-                *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in ("edges", "nodes", "bytes", "messages", "failed_edges")]
+                *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in STATS]
             ).collect()[0].asDict()
         except Exception as exc:  # lineage must never stop the user's stream
             log.exception("publishing lineage of batch %s failed", ctx.batch)
-            return {"edges": 0, "nodes": 0, "bytes": 0, "messages": 0, "failed_edges": 0, "error": str(exc)[:500]}
+            return {**{c: 0 for c in STATS if c != "rows"}, "error": str(exc)[:500]}
 

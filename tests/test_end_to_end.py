@@ -143,6 +143,7 @@ def test_batch_log_records_plan_and_every_batch(run):
     assert {b["batch"] for b in batches} >= ran
     assert all(b["status"] == "full" and b["failed_edges"] == 0 for b in batches)
     assert sum(b["edges"] for b in batches) == 2 * len(run.expected) == run.stats.edges
+    assert sum(b["rows_out"] for b in batches) == len(run.expected)
 
 
 def test_batch_log_records_the_offsets_each_batch_read(spark, run):
