@@ -38,5 +38,9 @@ def overhead_ratio(publish_seconds: float, batch_seconds: float) -> float:
 
 def serve(port: int, host: str = "127.0.0.1"):
     """Start the ``/metrics`` endpoint; returns the server, whose ``shutdown()`` stops it."""
-    server, _ = start_http_server(port, addr=host)
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise OSError(f"cannot serve capture metrics on {host}:{port} ({exc}); choose a free metrics_port, "
+                      f"or 0 for none") from exc
     return server

@@ -87,8 +87,9 @@ class Tracer:
         ``keys`` declares static tables' primary keys, ``{"customers": "customer_id"}``
         (a tuple for composite keys); a table without one is keyed by its row content.
         ``emit_rid=False`` leaves ``_hw_rid`` out of the sink. ``black_boxes`` names
-        Spark plan node classes (``{"GlobalLimit", "LocalLimit"}``) to trace as black boxes: superset
-        lineage, flagged ``exact=false``, where capture cannot trace a node exactly.
+        Spark plan node classes (``{"GlobalLimit", "LocalLimit"}``) to trace as black
+        boxes: superset lineage, flagged ``exact=false``, where capture cannot trace a
+        node exactly.
         """
         if not df.isStreaming:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
