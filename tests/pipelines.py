@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Iterator
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -319,3 +321,27 @@ def oracle(name: str, topic: str, values: list[bytes], coordinates: list[tuple[i
     for step in PIPELINES[name]:
         rows = step.run(rows, env)
     return rows
+
+
+def event_env(spark, stack_config, workdir: Path, prefix: str, count: int, seed: int) -> Iterator[SimpleNamespace]:
+    """For a module fixture: ``count`` randomized events on a fresh topic, the dims table and
+    a tracer writing to topics of its own; closes the tracer afterwards."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from headwater.adapters.kafka import ensure_topics
+    from headwater.capture import attach
+    from headwater.demo import orders as demo_data
+
+    from .conftest import own_topics
+
+    config, tag = own_topics(stack_config, prefix)
+    topic = f"{prefix}-events-{tag}"
+    ensure_topics(config.bootstrap, [topic], 2)
+    values = events(count, seed)
+    coordinates = demo_data.produce(config.bootstrap, topic, [(None, v) for v in values])
+    pq.write_table(pa.Table.from_pylist(dims()), workdir / "dims.parquet")
+    tracer = attach(spark, config)
+    yield SimpleNamespace(config=config, topic=topic, values=values, coordinates=coordinates, workdir=workdir,
+                          dims_df=spark.read.parquet(str(workdir / "dims.parquet")), tracer=tracer)
+    tracer.close()

@@ -14,26 +14,20 @@ import json
 import re
 import uuid
 from collections import Counter
-from types import SimpleNamespace
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from headwater.adapters.kafka import ensure_topics
-from headwater.capture import UnsupportedPlanError, attach
+from headwater.capture import UnsupportedPlanError
 from headwater.core.rid import kafka_rid
-from headwater.demo import orders as demo_data
 from headwater.demo.run import end_offsets, run_until
 from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
 from . import pipelines
-from .conftest import own_topics
 from .oracle import as_input
 
 EVENTS = 300
@@ -41,17 +35,7 @@ EVENTS = 300
 
 @pytest.fixture(scope="module")
 def env(spark, stack_config, tmp_path_factory):
-    config, tag = own_topics(stack_config, "bb")
-    topic = f"bb-events-{tag}"
-    ensure_topics(config.bootstrap, [topic], 2)
-    values = pipelines.events(EVENTS, seed=5)
-    coordinates = demo_data.produce(config.bootstrap, topic, [(None, v) for v in values])
-    workdir = tmp_path_factory.mktemp("bb")
-    pq.write_table(pa.Table.from_pylist(pipelines.dims()), workdir / "dims.parquet")
-    tracer = attach(spark, config)
-    yield SimpleNamespace(config=config, topic=topic, values=values, coordinates=coordinates, workdir=workdir,
-                          dims_df=spark.read.parquet(str(workdir / "dims.parquet")), tracer=tracer)
-    tracer.close()
+    yield from pipelines.event_env(spark, stack_config, tmp_path_factory.mktemp("bb"), "bb", EVENTS, seed=5)
 
 
 def parsed(spark, env):

@@ -9,15 +9,9 @@ input the forward lineage, must equal the oracle's exactly.
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from headwater.adapters.kafka import ensure_topics
-from headwater.capture import attach
-from headwater.demo import orders as demo_data
 from headwater.demo.run import end_offsets, run_until
 from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
@@ -25,7 +19,6 @@ from headwater.core.rid import kafka_rid
 from headwater.query.backend import LineageError
 
 from . import pipelines
-from .conftest import own_topics
 from .oracle import as_input
 
 EVENTS = 400
@@ -33,18 +26,7 @@ EVENTS = 400
 
 @pytest.fixture(scope="module")
 def env(spark, stack_config, tmp_path_factory):
-    config, tag = own_topics(stack_config, "ops")
-    topic = f"events-{tag}"
-    ensure_topics(config.bootstrap, [topic], 2)
-    values = pipelines.events(EVENTS, seed=11)
-    coordinates = demo_data.produce(config.bootstrap, topic, [(None, v) for v in values])
-    workdir = tmp_path_factory.mktemp("ops")
-    pq.write_table(pa.Table.from_pylist(pipelines.dims()), workdir / "dims.parquet")
-    dims_df = spark.read.parquet(str(workdir / "dims.parquet"))
-    tracer = attach(spark, config)
-    yield SimpleNamespace(config=config, topic=topic, values=values, coordinates=coordinates, workdir=workdir,
-                          dims_df=dims_df, tracer=tracer)
-    tracer.close()
+    yield from pipelines.event_env(spark, stack_config, tmp_path_factory.mktemp("ops"), "ops", EVENTS, seed=11)
 
 
 def content(row: dict) -> tuple:
