@@ -63,6 +63,10 @@ class Tracer:
         spark.streams.addListener(self._listener)
         self._metrics_server = metrics.serve(config.metrics_port) if config.metrics_port else None
 
+    def name_query(self, spark_name: str, traced_name: str) -> None:
+        """Spark's name of a traced query's streaming query, for the progress listener."""
+        self._queries[spark_name] = traced_name
+
     def note_publishing(self, query: str, batch: int, seconds: float) -> None:
         """The hook's publishing time of a batch, until that batch's progress arrives."""
         self._publish_seconds[(query, batch)] = seconds
@@ -204,7 +208,7 @@ class TracedWriter:
             writer = writer.trigger(**self._trigger)
         query_name = self._query_name or traced.name
         writer = writer.queryName(query_name)
-        traced.tracer._queries[query_name] = traced.name
+        traced.tracer.name_query(query_name, traced.name)
         if self._checkpoint:
             writer = writer.option("checkpointLocation", self._checkpoint)
         ir = traced.threaded.ir
@@ -285,19 +289,18 @@ class BatchHook:
             rows = out.select(*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else []))
             write_batch(rows, self.sink, batch_id)
             publish_started = time.monotonic()
-            stats = self._publish(out, BatchContext(self.traced.name, self.traced.name, batch_id, threaded.ir.id,
-                                                    self._edges_from(threaded.sources, batch_id)))
+            stats = self._publish(out, self._context(batch_id, threaded.ir.id,
+                                                     self._edges_from(threaded.sources, batch_id)))
             # Counted by the publishing job itself: no job of its own.
             stats["rows_out"] = stats.pop("rows", None)
             if self.sink.foreach_batch is not None:
                 self._add(stats, self._publish_foreach_batch(out, batch_id))
             inputs = {s.column: s for s in threaded.inputs}
             for box in boxes:
-                ctx = BatchContext(self.traced.name, self.traced.name, batch_id, box.node_id,
-                                   # What enters a black box reaches the sink's columns it feeds.
-                                   self._edges_from([inputs[c] for c in box.inputs], batch_id,
-                                                    self.masks.get(box.node_id, -1)),
-                                   dst_kind="state", dst_dataset=box.dataset, exact=False)
+                # What enters a black box reaches the sink's columns it feeds.
+                sources = self._edges_from([inputs[c] for c in box.inputs], batch_id, self.masks.get(box.node_id, -1))
+                ctx = self._context(batch_id, box.node_id, sources, dst_kind="state", dst_dataset=box.dataset,
+                                    exact=False)
                 entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id) \
                     .withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
                 self._add(stats, self._publish(entering, ctx))
@@ -313,6 +316,10 @@ class BatchHook:
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), **stats,
         )
+
+    def _context(self, batch_id: int, op: int, sources: tuple[SourceEdges, ...], **destination) -> BatchContext:
+        """Edges of this query's batch ``batch_id`` that end at operator ``op``'s rows."""
+        return BatchContext(self.traced.name, self.traced.name, batch_id, op, sources, **destination)
 
     @staticmethod
     def _add(stats: dict, more: dict) -> None:
@@ -331,9 +338,8 @@ class BatchHook:
         column = f"{SOURCE_PREFIX}out"
         rows = out.select(F.lit(rids.state_rid(query, rids.FOREACH_BATCH_OP, batch_id)).alias(RID_COLUMN),
                           F.struct(F.col(RID_COLUMN).alias("rid")).alias(column))
-        ctx = BatchContext(query, query, batch_id, rids.FOREACH_BATCH_OP,
-                           (SourceEdges(column, "output", query, -1, exact=False),),
-                           dst_kind="state", dst_dataset=f"foreachBatch#{query}", exact=False)
+        ctx = self._context(batch_id, rids.FOREACH_BATCH_OP, (SourceEdges(column, "output", query, -1, exact=False),),
+                            dst_kind="state", dst_dataset=f"foreachBatch#{query}", exact=False)
         return self._publish(rows, ctx)
 
     def _publish(self, rows: DataFrame, ctx: BatchContext) -> dict:
