@@ -12,12 +12,20 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 EDGES = Counter("headwater_capture_edges", "Lineage edges published to the edges topic", ["query"])
 BYTES = Counter("headwater_capture_bytes", "Bytes of lineage payloads published", ["query"])
 DROPPED_EDGES = Counter("headwater_capture_dropped_edges",
-                        "Edges captured but not delivered to the broker (their batch is logged as a gap)", ["query"])
+                        "Edges captured but neither delivered nor spilled (their batch is logged as a gap)", ["query"])
+SPILLED_EDGES = Counter("headwater_capture_spilled_edges",
+                        "Edges written to the local spill while the broker was away (sent when it returns)",
+                        ["query"])
+SPILL_BYTES = Gauge("headwater_capture_spill_bytes", "Bytes waiting in the local spill for the broker")
+BUFFER_DEPTH = Gauge("headwater_capture_buffer_depth", "Messages waiting in the local spill for the broker")
 BATCHES = Counter("headwater_capture_batches", "Micro-batches by capture status", ["query", "status"])
 PUBLISH_SECONDS = Histogram("headwater_capture_publish_seconds",
                             "Time the per-batch hook spends turning a batch into lineage and publishing it", ["query"])
 OVERHEAD_RATIO = Gauge("headwater_capture_overhead_ratio",
-                       "Last batch: lineage publishing time over the rest of the batch's time", ["query"])
+                       "Last batch: capture time over the rest of the batch's time", ["query"])
+JOB_SECONDS = Counter("headwater_capture_job_seconds",
+                      "Spark job time of traced queries' micro-batches, by part: the user's work or capture's",
+                      ["query", "part"])
 LISTENER_LAG_SECONDS = Gauge("headwater_capture_listener_lag_seconds",
                              "Last batch: from its end to its progress reaching the listener", ["query"])
 
@@ -26,7 +34,8 @@ def record_batch(query: str, status: str, stats: dict, publish_seconds: float) -
     """Count one micro-batch's capture, from the per-batch hook's figures."""
     EDGES.labels(query).inc(stats.get("edges", 0))
     BYTES.labels(query).inc(stats.get("bytes", 0))
-    DROPPED_EDGES.labels(query).inc(stats.get("failed_edges", 0))
+    SPILLED_EDGES.labels(query).inc(stats.get("spilled_edges", 0))
+    DROPPED_EDGES.labels(query).inc(stats.get("dropped_edges", 0))
     BATCHES.labels(query, status).inc()
     PUBLISH_SECONDS.labels(query).observe(publish_seconds)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import datetime as dt
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import ArrayType, MapType, StructType
 
-from headwater.adapters.kafka import ensure_topics, producer
+from headwater.adapters.kafka import ensure_topics
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
@@ -28,7 +29,12 @@ from headwater.core.plan import column_lineage, column_masks
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
 from . import metrics
+from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
+from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .kafka_source import KafkaSource
+from .jvm_listener import CAPTURE_PROPERTY, JobListener
+from .jvm_listener import register as register_job_listener
+from .jvm_listener import unregister as unregister_job_listener
 from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
 from .publish import STATS, STATS_SCHEMA, PublishTarget, publish_partition
@@ -55,34 +61,74 @@ class Tracer:
     def __init__(self, spark: SparkSession, config: Config):
         self.spark = spark
         self.config = config
-        self._log_producer = None
-        self._log_lock = threading.Lock()
+        self.delivery_settings = DeliverySettings(
+            config.bootstrap, config.spill_dir or str(configuration.default_home() / "spill"),
+            spill_max_bytes=config.spill_max_bytes, buffer_bytes=config.buffer_bytes,
+            send_timeout_s=config.send_timeout_s, breaker_cooldown_s=config.breaker_cooldown_s,
+            topic_partitions=config.topic_partitions,
+        )
+        self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
-        self._publish_seconds: dict[tuple[str, int], float] = {}  # (query, batch) → hook's publishing time
+        self._query_ids: dict[str, str] = {}  # Spark query id → traced query name
         self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress)
         spark.streams.addListener(self._listener)
+        self._job_listener = register_job_listener(spark, JobListener(self._traced_by_id, _observe_job))
         self._metrics_server = metrics.serve(config.metrics_port) if config.metrics_port else None
+        self._stop = threading.Event()
+        self._shipper = threading.Thread(target=self._ship, name="headwater-log", daemon=True)
+        self._shipper.start()
 
     def name_query(self, spark_name: str, traced_name: str) -> None:
         """Spark's name of a traced query's streaming query, for the progress listener."""
         self._queries[spark_name] = traced_name
 
-    def note_publishing(self, query: str, batch: int, seconds: float) -> None:
-        """The hook's publishing time of a batch, until that batch's progress arrives."""
-        self._publish_seconds[(query, batch)] = seconds
-        if len(self._publish_seconds) > 1000:  # progress that never came
-            self._publish_seconds.pop(next(iter(self._publish_seconds)))
+    def identify_query(self, spark_id: str, traced_name: str) -> None:
+        """Spark's id of a started traced query, for the job listener."""
+        self._query_ids[spark_id] = traced_name
+
+    def _traced_by_id(self, spark_id: str) -> str | None:
+        """The traced query of a Spark query id (None for any other), looked up once per id."""
+        if spark_id not in self._query_ids:  # a first batch can run before start() returns
+            active = self.spark.streams.get(spark_id)
+            self._query_ids[spark_id] = self._queries.get(active.name) if active is not None else None
+        return self._query_ids[spark_id]
 
     def _observe_progress(self, record: dict) -> None:
-        query, batch = record["query"], record["batch"]
         batch_ms = record["durations_ms"].get("triggerExecution")
-        published = self._publish_seconds.pop((query, batch), None)
-        if batch_ms is not None and published is not None:
-            metrics.OVERHEAD_RATIO.labels(query).set(metrics.overhead_ratio(published, batch_ms / 1000))
         if batch_ms is not None and record.get("at"):
             started = dt.datetime.fromisoformat(record["at"].replace("Z", "+00:00"))
             ended = started + dt.timedelta(milliseconds=batch_ms)
-            metrics.LISTENER_LAG_SECONDS.labels(query).set((dt.datetime.now(dt.timezone.utc) - ended).total_seconds())
+            lag = (dt.datetime.now(dt.timezone.utc) - ended).total_seconds()
+            metrics.LISTENER_LAG_SECONDS.labels(record["query"]).set(lag)
+
+    def _ship(self, every_s: float = 1.0) -> None:
+        """The log's own thread: sends queued log records, then what was spilled.
+
+        Neither the stream nor the listener ever waits for the broker on account of the
+        log; spilled messages go out once the broker is back (topics made again if it
+        lost them).
+        """
+        delivery = Delivery(self.delivery_settings)
+        while True:
+            records = []
+            try:
+                records.append(self._log_queue.get(timeout=every_s))
+                while len(records) < 500:
+                    records.append(self._log_queue.get_nowait())
+            except queue.Empty:
+                pass
+            try:
+                delivery.drain(budget_s=5.0)  # first: it is the one to probe a broker coming back
+                for outcome, (_, key, _) in zip(delivery.deliver(records), records):
+                    if outcome == DROPPED:
+                        log.error("spill full: a log record of query %s is lost", key.decode())
+                metrics.SPILL_BYTES.set(delivery.spill.size())
+                metrics.BUFFER_DEPTH.set(len(delivery.spill.files()) + self._log_queue.qsize())
+            except Exception:  # this thread must outlive any broker trouble
+                log.exception("sending the log failed; retrying")
+            if self._stop.is_set() and self._log_queue.empty():
+                break
+        delivery.close(timeout_s=self.config.send_timeout_s)
 
     def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True,
               black_boxes=()) -> "Traced":
@@ -101,7 +147,11 @@ class Tracer:
         return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid)
 
     def close(self) -> None:
-        """Stop listening and flush the log; call it after the traced queries have stopped."""
+        """Stop listening and flush the log; call it after the traced queries have stopped.
+
+        What the broker has not taken stays in the spill folder; the next tracer on this
+        host sends it.
+        """
         if self._listener is not None:
             try:  # let progress events already posted reach the listener first
                 self.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
@@ -109,23 +159,25 @@ class Tracer:
                 log.warning("progress events still queued at close may not be logged", exc_info=True)
             self.spark.streams.removeListener(self._listener)
             self._listener = None
+            unregister_job_listener(self.spark, self._job_listener)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
             self._metrics_server = None
-        with self._log_lock:
-            if self._log_producer is not None:
-                self._log_producer.close()
-                self._log_producer = None
+        self._stop.set()
+        self._shipper.join(timeout=60)
 
     def publish_log(self, schema: str, **fields) -> None:
-        """One record to the log topic; the hook and the listener call it from different threads."""
-        with self._log_lock:
-            if self._log_producer is None:
-                self._log_producer = producer(self.config.bootstrap, linger_ms=0)
-            key = str(fields.get("query", "")).encode()
-            self._log_producer.send(self.config.log_topic, key=key, value=encode_log(schema, **fields))
-            self._log_producer.flush(timeout=10)
+        """Queue one record for the log topic; never waits for the broker.
+
+        The hook and the listener call it from different threads.
+        """
+        message = (self.config.log_topic, str(fields.get("query", "")).encode(), encode_log(schema, **fields))
+        try:
+            self._log_queue.put_nowait(message)
+        except queue.Full:  # the log thread is far behind: keep the record on disk instead
+            if Spill(self.delivery_settings.spill_dir, self.config.spill_max_bytes).put(*message) is None:
+                log.error("spill full: log record %s of %s lost", schema, fields.get("query"))
 
 
 @dataclass
@@ -219,7 +271,13 @@ class TracedWriter:
                      for s in traced.threaded.sources + traced.threaded.inputs],
             output_columns=[a.name for a in ir.output], at=time.time(),
         )
-        return writer.start()
+        query = writer.start()
+        traced.tracer.identify_query(str(query.id), traced.name)
+        return query
+
+
+def _observe_job(query: str, batch: int, part: str, seconds: float) -> None:
+    metrics.JOB_SECONDS.labels(query, part).inc(seconds)
 
 
 def _holds_map(dtype) -> bool:
@@ -242,7 +300,8 @@ class BatchHook:
         threaded = traced.threaded
         self.masks = column_masks(threaded.ir)
         config = traced.tracer.config
-        self.target = PublishTarget(config.bootstrap, config.edges_topic)
+        self.target = PublishTarget(traced.tracer.delivery_settings, config.edges_topic)
+        self.budget = OverheadBudget(config.overhead_budget)
 
     def _edges_from(self, sources, batch_id: int, mask: int | None = None) -> tuple[SourceEdges, ...]:
         """How each source's rows link to the rows of a batch; ``mask`` overrides the plan's masks."""
@@ -269,6 +328,7 @@ class BatchHook:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        plan = self.budget.plan()
         threaded = self.traced.threaded
         names = batch_df.columns
         n_user = threaded.user_columns
@@ -279,43 +339,77 @@ class BatchHook:
                     if not _holds_map(field.dataType)]
         frame = batch_df.toDF(*positional)
         boxes = threaded.black_boxes
-        if boxes:
+        capture = plan.level != LOG_ONLY
+        if boxes and capture:
             frame = frame.persist()
-            out = frame.where(F.col(BLACK_BOX_MARKER).isNull())
-        else:
-            out = frame
-        out = out.withColumn(RID_COLUMN, self.output_rid(batch_id, hashable)).persist()
+        out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
+        out = out.withColumn(RID_COLUMN, self.output_rid(batch_id, hashable))
+        if capture:
+            out = out.persist()
+        stats: dict = {}
+        publishing = 0.0
         try:
             rows = out.select(*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else []))
             write_batch(rows, self.sink, batch_id)
-            publish_started = time.monotonic()
-            stats = self._publish(out, self._context(batch_id, threaded.ir.id,
-                                                     self._edges_from(threaded.sources, batch_id)))
-            # Counted by the publishing job itself: no job of its own.
-            stats["rows_out"] = stats.pop("rows", None)
-            if self.sink.foreach_batch is not None:
-                self._add(stats, self._publish_foreach_batch(out, batch_id))
-            inputs = {s.column: s for s in threaded.inputs}
-            for box in boxes:
-                # What enters a black box reaches the sink's columns it feeds.
-                sources = self._edges_from([inputs[c] for c in box.inputs], batch_id, self.masks.get(box.node_id, -1))
-                ctx = self._context(batch_id, box.node_id, sources, dst_kind="state", dst_dataset=box.dataset,
-                                    exact=False)
-                entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id) \
-                    .withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
-                self._add(stats, self._publish(entering, ctx))
-            publishing = time.monotonic() - publish_started
+            if capture:
+                publish_started = time.monotonic()
+                context = batch_df.sparkSession.sparkContext
+                context.setLocalProperty(CAPTURE_PROPERTY, "publish")
+                try:
+                    stats = self._capture(frame, out, batch_id, plan)
+                finally:
+                    context.setLocalProperty(CAPTURE_PROPERTY, None)
+                publishing = time.monotonic() - publish_started
         finally:
-            out.unpersist()
-            if boxes:
-                frame.unpersist()
-        status = "full" if stats["failed_edges"] == 0 and stats.get("error") is None else "failed"
+            if capture:
+                out.unpersist()
+                if boxes:
+                    frame.unpersist()
+        status = self._status(plan, stats)
+        rest = time.monotonic() - started - publishing
+        self.budget.observe(plan, publishing, rest)
         metrics.record_batch(self.traced.name, status, stats, publishing)
-        self.traced.tracer.note_publishing(self.traced.name, batch_id, publishing)
+        metrics.OVERHEAD_RATIO.labels(self.traced.name).set(metrics.overhead_ratio(publishing, rest))
+        extra = {"sampled_fraction": plan.fraction} if plan.level == SAMPLED else {}
         self.traced.tracer.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
-            seconds=round(time.monotonic() - started, 3), **stats,
+            seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3), **extra, **stats,
         )
+
+    @staticmethod
+    def _status(plan: Plan, stats: dict) -> str:
+        """The batch's capture status: what the gap map says of it."""
+        if plan.level == LOG_ONLY:
+            return LOG_ONLY
+        if stats.get("dropped_edges") or stats.get("error") is not None:
+            return "failed"
+        return FULL if plan.level == FULL else SAMPLED
+
+    def _capture(self, frame: DataFrame, out: DataFrame, batch_id: int, plan: Plan) -> dict:
+        """Publish the batch's lineage (all of it, or the sampled rows' edges); returns the counts."""
+        threaded = self.traced.threaded
+        if plan.level == SAMPLED:
+            out = out.where(_sampled(F.col(RID_COLUMN), plan.fraction))
+        stats = self._publish(out, self._context(batch_id, threaded.ir.id,
+                                                 self._edges_from(threaded.sources, batch_id)))
+        # Counted by the publishing job itself: no job of its own.
+        stats["rows_out"] = stats.pop("rows", None)
+        if plan.level == SAMPLED:
+            stats.pop("rows_out")  # the sample's rows, not the sink's
+        if self.sink.foreach_batch is not None:
+            self._add(stats, self._publish_foreach_batch(out, batch_id))
+        inputs = {s.column: s for s in threaded.inputs}
+        for box in threaded.black_boxes:
+            # What enters a black box reaches the sink's columns it feeds.
+            sources = self._edges_from([inputs[c] for c in box.inputs], batch_id, self.masks.get(box.node_id, -1))
+            ctx = self._context(batch_id, box.node_id, sources, dst_kind="state", dst_dataset=box.dataset,
+                                exact=False)
+            entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id)
+            if plan.level == SAMPLED:  # by the entering row's own rid: the state node is one per batch
+                entering = entering.where(_sampled(F.col(f"{box.inputs[0]}.rid"), plan.fraction))
+            entering = entering.withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
+            self._add(stats, self._publish(entering, ctx))
+        return stats
 
     def _context(self, batch_id: int, op: int, sources: tuple[SourceEdges, ...], **destination) -> BatchContext:
         """Edges of this query's batch ``batch_id`` that end at operator ``op``'s rows."""
@@ -352,4 +446,9 @@ class BatchHook:
         except Exception as exc:  # lineage must never stop the user's stream
             log.exception("publishing lineage of batch %s failed", ctx.batch)
             return {**{c: 0 for c in STATS if c != "rows"}, "error": str(exc)[:500]}
+
+
+def _sampled(rid, fraction: float):
+    """Whether a row is in a batch's sample: by its rid, so a retried batch samples the same rows."""
+    return F.pmod(rid, F.lit(1_000_003)) < F.lit(int(fraction * 1_000_003))
 

@@ -25,7 +25,8 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def stack_config(stack):
-    return stack.config()
+    """The stack's config; capture spills into the stack's folder, not the user's home."""
+    return stack.config().with_overrides(spill_dir=str(stack.home / "spill"))
 
 
 def own_topics(stack_config, prefix: str = "t"):
@@ -35,6 +36,51 @@ def own_topics(stack_config, prefix: str = "t"):
         edges_topic=f"{prefix}{tag}.edges", log_topic=f"{prefix}{tag}.log", dlq_topic=f"{prefix}{tag}.dlq"
     )
     return config, tag
+
+
+def read_log(config) -> list[dict]:
+    """Every record on the config's log topic, decoded."""
+    from kafka import KafkaConsumer
+
+    from headwater.core.schema import decode_log
+
+    consumer = KafkaConsumer(config.log_topic, bootstrap_servers=config.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        return [decode_log(m.value) for m in consumer]
+    finally:
+        consumer.close()
+
+
+def index(config) -> None:
+    """Index everything on the config's topics into the graph, until caught up."""
+    from headwater.indexer.service import Indexer
+
+    indexer = Indexer(config)
+    try:
+        indexer.run(drain=True, idle_s=1.5, max_seconds=120)
+    finally:
+        indexer.close()
+
+
+def wait_batches(query, count: int, timeout_s: float = 120) -> None:
+    """Wait until ``query`` has run ``count`` batches that read rows."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for p in query.recentProgress if p.numInputRows) < count:
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"the stream did not finish {count} batches"
+        time.sleep(0.2)
+
+
+def stop_when_idle(query) -> None:
+    """Stop a streaming query between triggers (a foreachBatch query stopped mid-trigger may fail)."""
+    import time
+
+    while query.status["isTriggerActive"]:
+        time.sleep(0.05)
+    query.stop()
 
 
 @pytest.fixture

@@ -12,13 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from kafka import KafkaConsumer
 from pyspark.sql import functions as F
 
 from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics
 from headwater.core.rid import kafka_rid
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, decode_log
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 from headwater.demo.run import count_malformed, end_offsets, run_pipeline
@@ -26,7 +25,7 @@ from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
-from .conftest import own_topics
+from .conftest import own_topics, read_log
 from .oracle import as_input, demo_lineage
 
 ORDERS = 1000
@@ -127,10 +126,7 @@ def test_payload_returns_the_original_records(spark, run):
 
 
 def test_batch_log_records_plan_and_every_batch(run):
-    consumer = KafkaConsumer(run.config.log_topic, bootstrap_servers=run.config.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    records = [decode_log(m.value) for m in consumer]
-    consumer.close()
+    records = read_log(run.config)
     plans = [r for r in records if r["schema"] == LOG_PLAN]
     batches = [r for r in records if r["schema"] == LOG_BATCH]
     assert plans and plans[0]["ir"]["kind"] == "Project"
@@ -141,17 +137,14 @@ def test_batch_log_records_plan_and_every_batch(run):
     assert customers["columns_read"] == [[], [], ["name"], ["region"], [], []]
     ran = {p.batchId for p in run.query.recentProgress if p.numInputRows}
     assert {b["batch"] for b in batches} >= ran
-    assert all(b["status"] == "full" and b["failed_edges"] == 0 for b in batches)
+    assert all(b["status"] == "full" and b["dropped_edges"] == b["spilled_edges"] == 0 for b in batches)
     assert sum(b["edges"] for b in batches) == 2 * len(run.expected) == run.stats.edges
     assert sum(b["rows_out"] for b in batches) == len(run.expected)
 
 
 def test_batch_log_records_the_offsets_each_batch_read(spark, run):
     """Progress records: per batch, offset ranges that tile the topic and hold that batch's rows."""
-    consumer = KafkaConsumer(run.config.log_topic, bootstrap_servers=run.config.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    records = [decode_log(m.value) for m in consumer]
-    consumer.close()
+    records = read_log(run.config)
     progress = {r["batch"]: r for r in records if r["schema"] == LOG_PROGRESS and r["rows_in"]}
     assert set(progress) == {p.batchId for p in run.query.recentProgress if p.numInputRows}
     assert all(r["query"] == "enriched_orders" and r["durations_ms"]["triggerExecution"] > 0
@@ -308,7 +301,7 @@ def test_capture_metrics_are_served_on_loopback(spark, run, tmp_path):
         tracer.close()
 
     def value(metric: str, **labels) -> float:
-        wanted = ",".join(f'{k}="{v}"' for k, v in {"query": name, **labels}.items())
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted({"query": name, **labels}.items()))  # as exposed
         (line,) = [x for x in text.splitlines() if x.startswith(f"{metric}{{{wanted}}} ")]
         return float(line.rsplit(" ", 1)[1])
 
@@ -320,5 +313,9 @@ def test_capture_metrics_are_served_on_loopback(spark, run, tmp_path):
     assert value("headwater_capture_bytes_total") > 0
     assert 0 < value("headwater_capture_overhead_ratio") < 100
     assert value("headwater_capture_listener_lag_seconds") < 60
+    assert value("headwater_capture_spilled_edges_total") == 0
+    # The JVM listener split the batches' job time into the user's and capture's.
+    assert value("headwater_capture_job_seconds_total", part="user") > 0
+    assert value("headwater_capture_job_seconds_total", part="capture") > 0
     with pytest.raises(OSError):  # closed with its tracer
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

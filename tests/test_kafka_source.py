@@ -3,6 +3,8 @@ import uuid
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.capture.kafka_source import KafkaSource, _cap_rows
 
+from .conftest import stop_when_idle
+
 
 def test_cap_rows_shares_the_limit_and_never_exceeds_the_end():
     start = {"t:0": 0, "t:1": 5, "t:2": 7}
@@ -43,9 +45,7 @@ def test_stream_reads_every_record_exactly_once_in_bounded_batches(spark, stack_
         while len(seen) < len(sent) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
-        while query.status["isTriggerActive"]:
-            time.sleep(0.1)
-        query.stop()
+        stop_when_idle(query)
     assert all(r.topic == topic for r in seen)
     got = {(r.partition, r.offset): bytes(r.value) for r in seen}
     assert len(seen) == len(got) == len(sent)

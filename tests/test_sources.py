@@ -17,11 +17,10 @@ from pyspark.sql import functions as F
 
 from headwater.capture import attach
 from headwater.core.rid import file_rid
-from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 
 from . import pipelines
-from .conftest import own_topics
+from .conftest import index, own_topics, stop_when_idle
 from .oracle import as_input
 
 FILES = 3
@@ -31,14 +30,6 @@ ROWS_PER_FILE = 25
 def file_rows(number: int) -> list[dict]:
     return [{"id": number * 100 + i, "k": (i * 7 + number) % 13, "v": (i * 11 + number) % 17 - 6}
             for i in range(ROWS_PER_FILE)]
-
-
-def index(config) -> None:
-    indexer = Indexer(config)
-    try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=120)
-    finally:
-        indexer.close()
 
 
 @pytest.mark.parametrize("file_format", ["parquet", "json"])
@@ -106,9 +97,7 @@ def test_rate_source_lineage_by_value(spark, stack_config, tmp_path):
         deadline = time.monotonic() + 60
         while sum(p.numInputRows for p in query.recentProgress) < 60 and time.monotonic() < deadline:
             time.sleep(0.2)
-        while query.status["isTriggerActive"]:
-            time.sleep(0.05)
-        query.stop()
+        stop_when_idle(query)
     finally:
         tracer.close()
     index(config)

@@ -18,7 +18,8 @@ def admin(bootstrap: str, timeout_s: float = 10.0) -> KafkaAdminClient:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+            return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000,
+                                    bootstrap_timeout_ms=max(200, int((deadline - time.monotonic()) * 1000)))
         except (KafkaError, OSError) as exc:
             if time.monotonic() > deadline:
                 raise BrokerUnavailable(f"no Kafka broker answers at {bootstrap}: {exc}") from exc
@@ -33,9 +34,9 @@ def list_topics(bootstrap: str, timeout_s: float = 10.0) -> list[str]:
         client.close()
 
 
-def ensure_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+def ensure_topics(bootstrap: str, names: list[str], partitions: int, timeout_s: float = 10.0) -> None:
     """Create the topics that do not exist yet; existing ones are left as they are."""
-    client = admin(bootstrap)
+    client = admin(bootstrap, timeout_s)
     try:
         missing = [n for n in names if n not in set(client.list_topics())]
         if not missing:

@@ -31,6 +31,12 @@ class Config:
     graph_password: str = ""
     graph_database: str = "lineage"
     metrics_port: int = 0  # capture's Prometheus endpoint on 127.0.0.1; 0: none
+    spill_dir: str = ""  # where capture keeps messages while the broker is away; "": <home>/spill
+    spill_max_bytes: int = 1 << 30  # beyond it, edges are dropped (counted, their batch logged as a gap)
+    buffer_bytes: int = 32 << 20  # bytes a capture process may have unacknowledged by the broker
+    send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements before spilling
+    breaker_cooldown_s: float = 5.0  # after a failed send, how long everyone spills without trying
+    overhead_budget: float = 0.0  # capture time over the batch's own time allowed per query; 0: no limit
 
     @classmethod
     def from_dict(cls, values: dict) -> "Config":
@@ -47,12 +53,15 @@ class Config:
         return replace(self, **{k: v for k, v in values.items() if v is not None})
 
 
+_CASTS = {"int": int, int: int, "float": float, float: float}
+
+
 def _from_env() -> dict:
     found = {}
     for f in fields(Config):
         value = os.environ.get(f"HEADWATER_{f.name.upper()}")
         if value is not None:
-            found[f.name] = int(value) if f.type in ("int", int) else value
+            found[f.name] = _CASTS.get(f.type, str)(value)
     return found
 
 

@@ -1,0 +1,324 @@
+"""Getting lineage to the broker without ever blocking the stream.
+
+Every message capture publishes (lineage payloads from the executors, log records
+from the driver) goes through a ``Delivery``: a kafka-python producer with a bounded
+buffer, a circuit breaker, and a local spill folder.
+
+- A message the broker does not acknowledge in time (unreachable, buffer full) is
+  written to the spill folder instead, and the circuit breaker opens: for
+  ``breaker_cooldown_s`` every process on the host spills at once instead of waiting
+  for a broker that is away. The breaker is a file in the spill folder, so the
+  driver and every Python worker share it.
+- The spill folder holds at most ``spill_max_bytes``; a message that does not fit is
+  dropped and counted, and its batch is logged as a gap.
+- ``drain`` sends spilled messages once the broker answers again (the tracer's drain
+  thread, and executors after a clean publish). Delivery is at least once: a message
+  may arrive twice (a timed-out send that landed after all), which is harmless
+  because rids and edges are idempotent; none is lost unless it was counted as dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("headwater.capture")
+
+SENT, SPILLED, DROPPED = "sent", "spilled", "dropped"
+_SUFFIX = ".msg"
+_BREAKER = "breaker"
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """How capture delivers messages; picklable, so executors get the same settings."""
+
+    bootstrap: str
+    spill_dir: str
+    spill_max_bytes: int = 1 << 30
+    buffer_bytes: int = 32 << 20  # unacknowledged bytes at most; beyond, wait send_timeout_s, then spill
+    send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements, per flush
+    breaker_cooldown_s: float = 5.0
+    topic_partitions: int = 2  # for topics a returning broker lost (made again when probing)
+
+
+class Breaker:
+    """A circuit breaker shared through a file: while open, nobody waits for the broker.
+
+    Once the cool-down is over, the first process to ask may try the broker (and the
+    breaker stays open for everyone else meanwhile); its success closes the breaker,
+    its failure opens it for another cool-down.
+    """
+
+    def __init__(self, folder: Path, cooldown_s: float):
+        self.path = folder / _BREAKER
+        self.cooldown_s = cooldown_s
+
+    def _until(self) -> float | None:
+        try:
+            return float(self.path.read_text() or 0)
+        except (OSError, ValueError):
+            return None
+
+    def is_open(self) -> bool:
+        return self._until() is not None
+
+    def allow(self) -> bool:
+        """Whether this process may try the broker now: closed, or its turn to probe."""
+        until = self._until()
+        if until is None:
+            return True
+        if until > time.time():
+            return False
+        self.open()  # this process probes; the others wait one more cool-down
+        return True
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{_BREAKER}-{os.getpid()}")
+        tmp.write_text(repr(time.time() + self.cooldown_s))
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class Spill:
+    """A folder of messages waiting for the broker, oldest first, bounded in bytes.
+
+    One file per message: a JSON header line (topic, key) and the value. Files are
+    written under a temporary name and renamed, and claimed by renaming before they
+    are sent, so concurrent writers and drainers never see half a message twice.
+    """
+
+    def __init__(self, folder: str | Path, max_bytes: int):
+        self.folder = Path(folder)
+        self.max_bytes = max_bytes
+
+    def files(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.folder.iterdir() if p.name.endswith(_SUFFIX))
+        except FileNotFoundError:
+            return []
+
+    def size(self) -> int:
+        total = 0
+        for path in self.files():
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def put(self, topic: str, key: bytes | None, value: bytes, used: int | None = None) -> int | None:
+        """Spill one message; returns its size, or None when it does not fit (``used``: bytes already spilled)."""
+        header = json.dumps({"topic": topic, "key": None if key is None else key.decode("latin-1")}).encode() + b"\n"
+        size = len(header) + len(value)
+        if (self.size() if used is None else used) + size > self.max_bytes:
+            return None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"{time.time_ns():020d}-{os.getpid()}-{next(_counter):06d}"
+        tmp = self.folder / f".{name}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(value)
+        os.replace(tmp, self.folder / f"{name}{_SUFFIX}")
+        return size
+
+    def claim(self, path: Path) -> tuple[Path, str, bytes | None, bytes] | None:
+        """Take one spilled message for sending; None if another drainer took it first."""
+        claimed = path.with_name(f".{path.name}.{os.getpid()}.claimed")
+        try:
+            os.replace(path, claimed)
+        except FileNotFoundError:
+            return None
+        data = claimed.read_bytes()
+        header, _, value = data.partition(b"\n")
+        meta = json.loads(header)
+        key = None if meta["key"] is None else meta["key"].encode("latin-1")
+        return claimed, meta["topic"], key, value
+
+    def release_stale(self, older_than_s: float = 600.0) -> int:
+        """Give back messages claimed longer ago than ``older_than_s``: their drainer died."""
+        released = 0
+        for path in self.folder.glob(".*.claimed"):
+            try:
+                if time.time() - path.stat().st_ctime >= older_than_s:
+                    self.release(path)
+                    released += 1
+            except FileNotFoundError:
+                pass
+        return released
+
+    def release(self, claimed: Path) -> None:
+        """Give a claimed message back, unsent."""
+        original = claimed.name[1:].rsplit(".", 2)[0]
+        os.replace(claimed, claimed.with_name(original))
+
+
+class Delivery:
+    """One process's way to the broker: send, and spill what the broker does not take."""
+
+    def __init__(self, settings: DeliverySettings):
+        self.settings = settings
+        self.spill = Spill(settings.spill_dir, settings.spill_max_bytes)
+        self.breaker = Breaker(Path(settings.spill_dir), settings.breaker_cooldown_s)
+        self._producer = None
+
+    def producer(self):
+        """The producer, made on first use; None while the broker cannot be reached."""
+        if self._producer is None:
+            from headwater.adapters.kafka import producer
+
+            try:
+                self._producer = producer(
+                    self.settings.bootstrap, max_block_ms=1000,
+                    bootstrap_timeout_ms=2000, reconnect_backoff_max_ms=1000,
+                    request_timeout_ms=int(self.settings.send_timeout_s * 1000),
+                    delivery_timeout_ms=int(self.settings.send_timeout_s * 1000) + 1000,
+                )
+            except Exception as exc:
+                log.warning("no broker at %s (%s); spilling to %s", self.settings.bootstrap, exc,
+                            self.settings.spill_dir)
+                return None
+        return self._producer
+
+    def _reset(self) -> None:
+        """Forget a producer that failed, abandoning what it still holds (that was spilled)."""
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=0)
+            except Exception:
+                pass
+            self._producer = None
+
+    def deliver(self, messages) -> list[str]:
+        """Send ``(topic, key, value)`` messages; each one's outcome: SENT, SPILLED or DROPPED.
+
+        ``messages`` may be a generator: each is sent as soon as it is made.
+        """
+        taken: list[tuple] = []
+        pending = []
+        in_flight = 0  # bytes handed to the producer in this call, bounded by buffer_bytes
+        probing = self.breaker.is_open()
+        tried = self.breaker.allow()
+        producer = self.producer() if tried else None
+        for message in messages:
+            taken.append(message)
+            if producer is None:
+                continue
+            topic, key, value = message
+            if probing and len(taken) == 1 and not self._ensure_topics([topic]):
+                producer = None
+                continue
+            if in_flight and in_flight + len(value) > self.settings.buffer_bytes:
+                if not self._flush(pending):  # the buffer is full and the broker does not empty it
+                    producer = None
+                    continue
+                in_flight = 0
+            try:
+                pending.append((len(taken) - 1, producer.send(topic, key=key, value=value)))
+                in_flight += len(value)
+            except Exception as exc:  # no metadata in time: the broker is away
+                log.warning("send to %s failed (%s); spilling", topic, exc)
+                producer = None
+        outcomes: list[str | None] = [None] * len(taken)
+        if pending:
+            self._flush(pending)
+            for i, future in pending:
+                if future.is_done and future.succeeded():
+                    outcomes[i] = SENT
+        if taken and all(o == SENT for o in outcomes) and probing:
+            self.breaker.close()
+        if any(o is None for o in outcomes):
+            if tried:
+                self.breaker.open()
+            if any(outcomes[i] is None for i, _ in pending):
+                self._reset()
+            used = self.spill.size()
+            for i, message in enumerate(taken):
+                if outcomes[i] is None:
+                    size = self.spill.put(*message, used=used)
+                    outcomes[i] = DROPPED if size is None else SPILLED
+                    used += size or 0
+        return outcomes
+
+    def _flush(self, pending) -> bool:
+        """Wait, at most ``send_timeout_s``, for the broker to acknowledge what was sent."""
+        try:
+            self._producer.flush(timeout=self.settings.send_timeout_s)
+        except Exception:
+            pass
+        return all(f.is_done and f.succeeded() for _, f in pending)
+
+    def _ensure_topics(self, names) -> bool:
+        """Make sure a broker that answers again has the topics (one that restarted empty may not)."""
+        from headwater.adapters.kafka import ensure_topics
+
+        try:
+            ensure_topics(self.settings.bootstrap, sorted(set(names)), self.settings.topic_partitions,
+                          timeout_s=2.0)
+            return True
+        except Exception as exc:
+            log.info("broker still away (%s); spilled messages wait", exc)
+            return False
+
+    def drain(self, budget_s: float = 5.0) -> tuple[int, int]:
+        """Send spilled messages, oldest first, for at most ``budget_s``; returns (sent, left)."""
+        self.spill.release_stale()
+        files = self.spill.files()
+        if not files or not self.breaker.allow():
+            return 0, len(files)
+        deadline = time.monotonic() + budget_s
+        sent = 0
+        topics_checked = False
+        while files and time.monotonic() < deadline:
+            chunk, files = files[:64], files[64:]
+            claimed = [c for c in (self.spill.claim(p) for p in chunk) if c is not None]
+            if not claimed:
+                continue
+            topics_checked = topics_checked or self._ensure_topics(topic for _, topic, _, _ in claimed)
+            outcomes = self._send_claimed(claimed) if topics_checked else [False] * len(claimed)
+            for (path, *_), ok in zip(claimed, outcomes):
+                if ok:
+                    path.unlink(missing_ok=True)
+                    sent += 1
+                else:
+                    self.spill.release(path)
+            if not all(outcomes):
+                self.breaker.open()
+                break
+            self.breaker.close()
+        return sent, len(self.spill.files())
+
+    def _send_claimed(self, claimed) -> list[bool]:
+        producer = self.producer()
+        if producer is None:
+            return [False] * len(claimed)
+        futures = []
+        for _, topic, key, value in claimed:
+            try:
+                futures.append(producer.send(topic, key=key, value=value))
+            except Exception:
+                futures.append(None)
+        try:
+            producer.flush(timeout=self.settings.send_timeout_s)
+        except Exception:
+            pass
+        ok = [f is not None and f.is_done and f.succeeded() for f in futures]
+        if not all(ok):
+            self._reset()
+        return ok
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=timeout_s)
+            finally:
+                self._producer = None

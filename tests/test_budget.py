@@ -1,0 +1,110 @@
+"""The overhead budget: its controller batch by batch (pure logic), and on a live stream."""
+
+from headwater.capture.budget import FULL, LOG_ONLY, MIN_FRACTION, SAMPLED, OverheadBudget, Plan
+
+
+def run(budget: OverheadBudget, cost_of, batches: int) -> list[Plan]:
+    """Feed ``batches`` batches whose capture costs ``cost_of(plan)`` (over a rest of 1 s)."""
+    plans = []
+    plan = budget.plan()
+    for _ in range(batches):
+        plans.append(plan)
+        plan = budget.observe(plan, cost_of(plan), 1.0)
+    return plans
+
+
+def cost(full_ratio: float, fixed: float = 0.0):
+    return lambda plan: 0.0 if plan.level == LOG_ONLY else fixed + full_ratio * plan.fraction
+
+
+def test_no_budget_always_captures_everything():
+    assert {p.level for p in run(OverheadBudget(0), cost(5.0), 20)} == {FULL}
+
+
+def test_within_budget_stays_full():
+    assert {p.level for p in run(OverheadBudget(0.15), cost(0.10), 30)} == {FULL}
+
+
+def test_over_budget_samples_a_fraction_that_fits_and_stays_there():
+    plans = run(OverheadBudget(0.15), cost(0.60), 40)
+    assert plans[0].level == FULL and plans[1].level == SAMPLED
+    assert abs(plans[1].fraction - 0.8 * 0.15 / 0.60) < 1e-9
+    # Probes back to full now and then, each failed probe waiting twice as long.
+    full_again = [i for i, p in enumerate(plans) if p.level == FULL and i > 0]
+    assert len(full_again) >= 2 and all(b - a > 3 for a, b in zip(full_again, full_again[1:]))
+    assert sum(p.level == SAMPLED for p in plans) > 30
+    assert all(cost(0.60)(p) <= 0.15 or p.level == FULL for p in plans)
+
+
+def test_fixed_cost_over_budget_ends_log_only():
+    plans = run(OverheadBudget(0.15), cost(0.60, fixed=0.30), 40)
+    assert plans[-1].level == LOG_ONLY
+    assert LOG_ONLY in {p.level for p in plans[:10]}
+    sampled = [p.fraction for p in plans if p.level == SAMPLED]
+    assert sampled and min(sampled) >= MIN_FRACTION
+
+
+def test_recovers_to_full_when_load_drops():
+    budget = OverheadBudget(0.15)
+    heavy = run(budget, cost(2.0, fixed=0.5), 20)
+    assert heavy[-1].level in (SAMPLED, LOG_ONLY)
+    light = run(budget, cost(0.05), 120)
+    assert light[-1].level == FULL and all(p.level == FULL for p in light[-10:])
+
+
+ROWS = 3000
+
+
+def test_a_stream_over_budget_is_sampled_then_log_only_and_says_so(spark, stack_config, tmp_path):
+    """A budget no capture fits: the log shows the controller's levels, the graph holds exactly
+    the edges of full batches and of the sampled rows (by rid), none of log-only batches."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from headwater.capture import attach
+    from headwater.core.schema import LOG_BATCH
+
+    from .conftest import index, own_topics, read_log, stop_when_idle, wait_batches
+    from .test_faults import graph_edges
+
+    config, tag = own_topics(stack_config, "budget")
+    config = config.with_overrides(overhead_budget=1e-6)
+    name = f"budget-{tag}"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    levels = [FULL, SAMPLED, LOG_ONLY, LOG_ONLY, LOG_ONLY, LOG_ONLY, SAMPLED]
+    tracer = attach(spark, config)
+    try:
+        source = spark.readStream.schema("id long, v long").option("maxFilesPerTrigger", 1).parquet(str(folder))
+        df = source.where(F.col("v") % 3 != 0).withColumn("w", F.col("v") * 2)
+        query = (tracer.trace(df, name=name).writeStream.format("parquet")
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).start(str(tmp_path / "sink")))
+        try:
+            for number in range(len(levels)):
+                rows = [{"id": number * 10_000 + i, "v": i} for i in range(ROWS)]
+                pq.write_table(pa.Table.from_pylist(rows), folder / f"part-{number}.parquet")
+                wait_batches(query, number + 1)
+        finally:
+            stop_when_idle(query)
+    finally:
+        tracer.close()
+    index(config)
+
+    batches = {r["batch"]: r for r in read_log(config) if r["schema"] == LOG_BATCH}
+    assert [batches[n]["status"] for n in range(len(levels))] == levels
+    sink = spark.read.parquet(str(tmp_path / "sink")).collect()
+
+    def captured(row) -> bool:
+        record = batches[row.id // 10_000]
+        if record["status"] == SAMPLED:
+            fraction = record["sampled_fraction"]
+            return row._hw_rid % 1_000_003 < int(fraction * 1_000_003)
+        return record["status"] == FULL
+
+    expected = {(f"part-{r.id // 10_000}.parquet", r.v, r.id) for r in sink if captured(r)}
+    rid_of = {r._hw_rid: r.id for r in sink}
+    edges = {(path.rsplit("/", 1)[-1], position, rid_of[dst]) for path, position, dst in graph_edges(config, name)}
+    assert edges == expected
+    assert any(r.id // 10_000 == 1 for r in sink if captured(r))  # the sample is not empty
+    assert all(batches[n].get("edges", 0) == 0 for n in range(2, 6))

@@ -1,0 +1,139 @@
+"""Capture when the broker dies: the stream goes on, spilled lineage arrives, overflow is counted.
+
+A broker of this test's own (the session's broker serves every other test) is killed
+with SIGKILL while a traced file stream runs, and started again on the same port.
+The in-memory test broker loses what it held when killed, so everything on it is
+indexed into the graph before the kill; a real Kafka keeps it. Files arrive one per
+micro-batch: one before the kill, three while the broker is away (the third larger
+than the spill may hold), one after it is back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+
+from headwater.adapters.graph import driver
+from headwater.adapters.kafka import list_topics
+from headwater.capture import attach
+from headwater.capture.delivery import Spill
+from headwater.core.schema import LOG_BATCH, LOG_PROGRESS
+from headwater.deploy.stack import broker_command, free_port
+
+from .conftest import index, own_topics, read_log, stop_when_idle, wait_batches
+
+SIZES = [40, 40, 40, 3000, 40]  # rows per file; file 3 overflows the spill
+DOWN = (1, 2, 3)  # files that arrive while the broker is away
+OVERFLOW = 3
+SPILL_MAX_BYTES = 64 * 1024
+SEND_TIMEOUT_S = 6.0
+
+
+class Broker:
+    """A tansu broker on a fixed port, killed and started again by its PID."""
+
+    def __init__(self, port: int, logfile):
+        self.port, self.logfile, self.proc = port, logfile, None
+
+    def start(self) -> None:
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(broker_command(self.port), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        list_topics(f"127.0.0.1:{self.port}", timeout_s=30)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    broker = Broker(free_port(), tmp_path / "broker.log")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.kill()
+
+
+def rows(number: int) -> list[dict]:
+    return [{"id": number * 10_000 + i, "v": i} for i in range(SIZES[number])]
+
+
+def graph_edges(config, query: str) -> list[tuple]:
+    """Every DERIVED relationship into the query's output rows, one tuple per relationship."""
+    with driver(config) as d, d.session(database=config.graph_database) as s:
+        return [tuple(r.values()) for r in s.run(
+            "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE b.query = $name RETURN a.path, a.position, b.rid",
+            name=query)]
+
+
+def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
+    config, tag = own_topics(stack_config, "fault")
+    config = config.with_overrides(bootstrap=f"127.0.0.1:{broker.port}", spill_dir=str(tmp_path / "spill"),
+                                   spill_max_bytes=SPILL_MAX_BYTES, send_timeout_s=SEND_TIMEOUT_S,
+                                   breaker_cooldown_s=5.0)
+    name = f"fault-{tag}"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    tracer = attach(spark, config)
+    log_records = []
+    try:
+        source = spark.readStream.schema("id long, v long").option("maxFilesPerTrigger", 1).parquet(str(folder))
+        df = source.where(F.col("v") % 3 != 0).withColumn("w", F.col("v") * 2)
+        query = (tracer.trace(df, name=name).writeStream.format("parquet")
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).start(str(tmp_path / "sink")))
+        seconds = {}
+        try:
+            for number in range(len(SIZES)):
+                if number == DOWN[0]:
+                    index(config)  # what the in-memory broker holds is lost when it is killed
+                    log_records += read_log(config)
+                    broker.kill()
+                if number == DOWN[-1] + 1:
+                    broker.start()
+                    deadline = time.monotonic() + 60
+                    while Spill(config.spill_dir, SPILL_MAX_BYTES).files():
+                        assert time.monotonic() < deadline, "spilled lineage was not sent after the broker returned"
+                        time.sleep(0.5)
+                pq.write_table(pa.Table.from_pylist(rows(number)), folder / f"part-{number}.parquet")
+                started = time.monotonic()
+                wait_batches(query, number + 1)
+                seconds[number] = time.monotonic() - started
+        finally:
+            stop_when_idle(query)
+    finally:
+        tracer.close()
+    index(config)
+    log_records += read_log(config)
+
+    # The stream kept its pace while the broker was away: once the breaker opened (after
+    # the first batch's send timed out), batches no longer waited for the broker.
+    print("seconds per batch", seconds)
+    assert all(seconds[n] < SEND_TIMEOUT_S for n in DOWN[1:]), seconds
+
+    sink = spark.read.parquet(str(tmp_path / "sink")).collect()
+    expected = {(f"part-{r['id'] // 10_000}.parquet", r["v"], r["id"]) for n in range(len(SIZES)) for r in rows(n)
+                if r["v"] % 3 != 0}
+    assert {(f"part-{r.id // 10_000}.parquet", r.v, r.id) for r in sink} == expected
+    rid_of = {r._hw_rid: r.id for r in sink}
+    edges = [(path.rsplit("/", 1)[-1], position, rid_of[dst]) for path, position, dst in graph_edges(config, name)]
+    assert len(edges) == len(set(edges)), "an edge is in the graph twice"
+    assert set(edges) == {e for e in expected if int(e[0][5]) != OVERFLOW}
+
+    batches = {r["batch"]: r for r in log_records if r["schema"] == LOG_BATCH and r["query"] == name}
+    progress = {r["batch"] for r in log_records if r["schema"] == LOG_PROGRESS and r["query"] == name}
+    assert sorted(batches) == list(range(len(SIZES))) and progress >= set(batches)
+    out_rows = {n: sum(1 for r in rows(n) if r["v"] % 3 != 0) for n in range(len(SIZES))}
+    for n, record in batches.items():
+        if n == OVERFLOW:
+            assert record["status"] == "failed" and record["dropped_edges"] == out_rows[n]
+        else:
+            assert record["status"] == "full" and record["dropped_edges"] == 0
+            assert record["spilled_edges"] == (out_rows[n] if n in DOWN else 0)
