@@ -25,10 +25,10 @@ from headwater.adapters.kafka import ensure_topics
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
-from headwater.core.plan import column_lineage, column_masks
+from headwater.core.plan import column_lineage, column_masks, plan_fingerprint
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
-from . import metrics
+from . import checkpoint, metrics
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .kafka_source import KafkaSource
@@ -40,6 +40,7 @@ from .lineage import BatchContext, SourceEdges
 from .publish import STATS, STATS_SCHEMA, PublishTarget, publish_partition
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
 from .sinks import SinkSpec, write_batch
+from .spark_plan import analyzed
 
 log = logging.getLogger("headwater.capture")
 
@@ -144,7 +145,8 @@ class Tracer:
         if not df.isStreaming:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
-        return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid)
+        fingerprint = plan_fingerprint(analyzed(df).toJSON())
+        return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid, fingerprint)
 
     def close(self) -> None:
         """Stop listening and flush the log; call it after the traced queries have stopped.
@@ -186,6 +188,7 @@ class Traced:
     threaded: Threaded
     name: str
     emit_rid: bool
+    fingerprint: str  # of the user's plan, equal across runs of the same code
 
     @property
     def writeStream(self) -> "TracedWriter":
@@ -265,8 +268,12 @@ class TracedWriter:
             writer = writer.option("checkpointLocation", self._checkpoint)
         ir = traced.threaded.ir
         reads = column_lineage(ir)
+        folder = checkpoint.local_folder(self._checkpoint)
+        previous, from_batch = checkpoint.record_plan(folder, traced.fingerprint) if folder else (None, 0)
         traced.tracer.publish_log(
             LOG_PLAN, query=traced.name, sink=self._sink.describe(), ir=ir.to_dict(),
+            fingerprint=traced.fingerprint, previous_fingerprint=previous, from_batch=from_batch,
+            changed=previous is not None and previous != traced.fingerprint,
             sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)}
                      for s in traced.threaded.sources + traced.threaded.inputs],
             output_columns=[a.name for a in ir.output], at=time.time(),

@@ -11,6 +11,9 @@ are dimension rows, whatever Spark does inside it.
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 from dataclasses import dataclass, field
 from typing import Iterator, TypedDict
 
@@ -290,3 +293,20 @@ def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
         name_of = {a.expr_id: a.name for a in source.output}
         lineage[source.id] = [sorted({name_of[i] for i in reads if i in name_of}) for reads in column_reads]
     return lineage
+
+
+_EXPR_ID = re.compile(r'"exprId":\{"product-class":"[^"]*","id":(\d+),"jvmId":"[^"]*"\}')
+
+
+def plan_fingerprint(analyzed_json: str) -> str:
+    """A digest of an analyzed plan (``toJSON()``) that is equal for equal plans across runs.
+
+    Spark numbers attributes (exprIds) afresh in every session; here they are renumbered
+    in order of first appearance, so only what the plan computes counts.
+    """
+    numbers: dict[str, int] = {}
+
+    def renumber(match: re.Match) -> str:
+        return f'"exprId":{numbers.setdefault(match.group(1), len(numbers))}'
+
+    return hashlib.sha256(_EXPR_ID.sub(renumber, analyzed_json).encode()).hexdigest()[:16]
