@@ -53,10 +53,12 @@ class ProgressListener(StreamingQueryListener):
     query, or is None for a query that is not traced, which is ignored."""
 
     def __init__(self, traced: Callable[[str], str | None], publish: Callable[..., None],
-                 observe: Callable[[dict], None] = lambda record: None):
+                 observe: Callable[[dict], None] = lambda record: None,
+                 terminated: Callable[[str], None] = lambda query_id: None):
         self._traced = traced
         self._publish = publish
         self._observe = observe  # sees each record too, for metrics
+        self._terminated = terminated  # told the Spark id of every query that ends
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -77,4 +79,7 @@ class ProgressListener(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event) -> None:
-        pass
+        try:
+            self._terminated(str(event.id))
+        except Exception:
+            log.exception("noting the end of query %s failed", event.id)

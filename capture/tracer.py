@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -71,9 +72,13 @@ class Tracer:
         self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
         self._query_ids: dict[str, str] = {}  # Spark query id → traced query name
-        self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress)
+        self._running: set[str] = set()  # Spark ids of traced queries not yet terminated
+        self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress,
+                                          self._running.discard)
         spark.streams.addListener(self._listener)
-        self._job_listener = register_job_listener(spark, JobListener(self._traced_by_id, _observe_job))
+        # Registered only while traced queries run: every Spark event costs it a py4j call.
+        self._job_listener = None
+        self._jobs_lock = threading.Lock()
         self._metrics_server = metrics.serve(config.metrics_port) if config.metrics_port else None
         self._stop = threading.Event()
         self._shipper = threading.Thread(target=self._ship, name="headwater-log", daemon=True)
@@ -83,9 +88,33 @@ class Tracer:
         """Spark's name of a traced query's streaming query, for the progress listener."""
         self._queries[spark_name] = traced_name
 
-    def identify_query(self, spark_id: str, traced_name: str) -> None:
-        """Spark's id of a started traced query, for the job listener."""
-        self._query_ids[spark_id] = traced_name
+    def start_query(self, writer, traced_name: str) -> StreamingQuery:
+        """Start a traced query's ``DataStreamWriter``, the job listener listening from its first job."""
+        starting = f"starting-{uuid.uuid4()}"  # keeps the listener registered until the id is known
+        self._running.add(starting)
+        try:
+            self.listen_to_jobs(True)
+            query = writer.start()
+            self._query_ids[str(query.id)] = traced_name
+            self._running.add(str(query.id))
+            if not query.isActive:  # it ended before we noted it
+                self._running.discard(str(query.id))
+            return query
+        finally:
+            self._running.discard(starting)
+
+    @property
+    def listening_to_jobs(self) -> bool:
+        return self._job_listener is not None
+
+    def listen_to_jobs(self, listening: bool) -> None:
+        """Register the job listener, or unregister it (from outside Spark's listener thread)."""
+        with self._jobs_lock:
+            if listening and self._job_listener is None:
+                self._job_listener = register_job_listener(self.spark, JobListener(self._traced_by_id, _observe_job))
+            elif not listening and self._job_listener is not None:
+                unregister_job_listener(self.spark, self._job_listener)
+                self._job_listener = None
 
     def _traced_by_id(self, spark_id: str) -> str | None:
         """The traced query of a Spark query id (None for any other), looked up once per id."""
@@ -127,6 +156,11 @@ class Tracer:
                 metrics.BUFFER_DEPTH.set(len(delivery.spill.files()) + self._log_queue.qsize())
             except Exception:  # this thread must outlive any broker trouble
                 log.exception("sending the log failed; retrying")
+            if not self._running and self._job_listener is not None:
+                try:  # the last traced query ended: untraced jobs pay nothing for it
+                    self.listen_to_jobs(False)
+                except Exception:
+                    log.exception("unregistering the job listener failed")
             if self._stop.is_set() and self._log_queue.empty():
                 break
         delivery.close(timeout_s=self.config.send_timeout_s)
@@ -161,7 +195,7 @@ class Tracer:
                 log.warning("progress events still queued at close may not be logged", exc_info=True)
             self.spark.streams.removeListener(self._listener)
             self._listener = None
-            unregister_job_listener(self.spark, self._job_listener)
+            self.listen_to_jobs(False)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -278,9 +312,7 @@ class TracedWriter:
                      for s in traced.threaded.sources + traced.threaded.inputs],
             output_columns=[a.name for a in ir.output], at=time.time(),
         )
-        query = writer.start()
-        traced.tracer.identify_query(str(query.id), traced.name)
-        return query
+        return traced.tracer.start_query(writer, traced.name)
 
 
 def _observe_job(query: str, batch: int, part: str, seconds: float) -> None:

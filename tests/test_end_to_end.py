@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -297,6 +298,10 @@ def test_capture_metrics_are_served_on_loopback(spark, run, tmp_path):
         batches = sum(1 for p in query.recentProgress if p.numInputRows)
         tracer.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        deadline = time.monotonic() + 10
+        while tracer.listening_to_jobs and time.monotonic() < deadline:  # no traced query runs any more
+            time.sleep(0.2)
+        assert not tracer.listening_to_jobs
     finally:
         tracer.close()
 
