@@ -1,25 +1,31 @@
-"""Capture overhead: the demo pipeline over the same Kafka topic, traced and untraced, interleaved.
+"""Capture overhead on the reference stream: the same queries traced and untraced, interleaved.
 
-Starts its own local stack on free ports and a local Spark, produces ``--rows`` orders,
-then runs the demo pipeline (parse, filter, project, static join, Parquet sink) from a
-fresh checkpoint ``--rounds`` times in three modes in turn, ``--batch`` rows per
-micro-batch, as fast as Spark takes them:
+The reference stream (``reference_queries``) is three queries over ``rate-micro-batch``
+sources of ``--rows-per-batch`` rows, one trigger every ``rows_per_batch / --offered``
+seconds (10,000 rows/s offered by default):
+
+- ``demo``: the demo pipeline's shape: orders as JSON text, parsed, filtered,
+  converted, joined with a static customers table, projected, to Parquet;
+- ``window``: those orders in 5-second tumbling windows per region (watermark, append);
+- ``join``: those orders joined with a payments stream within 10 seconds (watermarks).
+
+Each query runs ``--batches`` micro-batches from a fresh checkpoint, in three modes in
+turn, ``--rounds`` times after one uncounted warm-up round:
 
 - ``bare``: no headwater at all;
 - ``off``: ``attach`` done (listeners registered), the query not traced;
 - ``on``: the query traced.
 
-Compares the micro-batch durations Spark reports (``triggerExecution``), after one
-uncounted warm-up run of each, leaving out each run's first batch: ``ratio_*`` is on
-over off (capture overhead), ``attach_ratio_median`` off over bare (what attaching
-costs a job that is not traced). ``capture_job_share`` is, from the JVM job listener,
-capture's part of the traced batches' job time: where the overhead goes. The last line
-printed is one JSON object.
+Batch durations are Spark's (``triggerExecution``), each run's first batch left out.
+``ratio_*`` is on over off, pooled over the three queries (per query in ``queries``);
+``attach_ratio_median`` is off over bare: what attaching costs a job that is not
+traced. ``*_ms_per_batch`` say where a traced batch's time goes: the JVM job listener's
+job time of the user's plan and of capture's own jobs, and capture's time inside the
+sink's write tasks (summed over tasks). Starts its own local stack (broker, graph) on free ports.
+The last line printed is one JSON object.
 
-    .venv/bin/python bench/capture_overhead.py [--rows 60000] [--batch 10000] [--rounds 2]
-
-Not yet the full reference stream of issue 4 (a windowed aggregation and a stream-stream
-join beside the demo shape): the ratios printed are for the demo shape alone.
+    .venv/bin/python bench/capture_overhead.py [--rows-per-batch 10000] [--offered 10000]
+        [--batches 6] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -32,39 +38,91 @@ import tempfile
 import time
 from pathlib import Path
 
+SHAPES = ("demo", "window", "join")
+MODES = ("bare", "off", "on")
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_once(spark, config, workdir: Path, topic: str, until: dict, batch: int, mode: str, tag: str):
-    from headwater.capture import attach
-    from headwater.capture.kafka_source import KafkaSource
-    from headwater.demo.pipeline import enriched_orders
-    from headwater.demo.run import run_until
+def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int):
+    """One query of the reference stream; plain PySpark, as a user writes it."""
+    from pyspark.sql import functions as F
 
-    spark.dataSource.register(KafkaSource)
+    from headwater.demo.pipeline import EUR_PER_USD, MIN_AMOUNT, ORDER_SCHEMA
+
+    def rate():
+        return spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows_per_batch).load()
+
+    events = rate().select(F.to_json(F.struct(
+        F.col("value").alias("order_id"), (F.col("value") % 45).cast("int").alias("customer_id"),
+        ((F.col("value") * 7) % 200).cast("double").alias("amount"),
+        F.col("timestamp").cast("string").alias("event_time"),
+    )).alias("value"))
+    orders = events.select(F.from_json("value", ORDER_SCHEMA).alias("o")).select("o.*") \
+        .where(F.col("amount") >= MIN_AMOUNT).withColumn("amount_eur", F.round(F.col("amount") * EUR_PER_USD, 2)) \
+        .join(spark.read.parquet(customers_path), "customer_id") \
+        .select("order_id", "customer_id", "region", "amount_eur", F.col("event_time").cast("timestamp"))
+    if shape == "demo":
+        return orders, "append"
+    if shape == "window":
+        return orders.withWatermark("event_time", "2 seconds") \
+            .groupBy(F.window("event_time", "5 seconds"), "region") \
+            .agg(F.sum("amount_eur").alias("total_eur"), F.count("*").alias("orders")), "append"
+    payments = rate().where(F.col("value") % 2 == 0) \
+        .select(F.col("value").alias("paid_order_id"), F.col("timestamp").alias("paid_at")) \
+        .withWatermark("paid_at", "5 seconds")
+    joined = orders.withWatermark("event_time", "5 seconds").join(payments, F.expr(
+        "order_id = paid_order_id AND paid_at BETWEEN event_time AND event_time + interval 10 seconds"))
+    return joined.select("order_id", "region", "amount_eur", "paid_at"), "append"
+
+
+def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args) -> tuple[list[float], float]:
+    """Run one query of the reference stream for ``args.batches`` batches; its durations after the first."""
+    from headwater.capture import attach
+
     tracer = attach(spark, config) if mode != "bare" else None
     try:
-        df = enriched_orders(spark, config.bootstrap, topic, str(workdir / "customers.parquet"), batch)
-        writer = tracer.trace(df, name=f"bench-{tag}", keys={"customers": "customer_id"}) if mode == "on" else df
-        query = (writer.writeStream.format("parquet").option("checkpointLocation", str(workdir / f"cp-{tag}"))
-                 .trigger(processingTime="0 seconds").start(str(workdir / f"sink-{tag}")))
+        df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), args.rows_per_batch)
+        source = tracer.trace(df, name=f"bench-{tag}", keys={"customers": "customer_id"}) if mode == "on" else df
+        interval_ms = round(1000 * args.rows_per_batch / args.offered)
+        query = (source.writeStream.format("parquet").outputMode(output_mode)
+                 .option("checkpointLocation", str(workdir / f"cp-{tag}"))
+                 .trigger(processingTime=f"{interval_ms} milliseconds").start(str(workdir / f"sink-{tag}")))
         started = time.monotonic()
-        run_until(query, until, say=lambda _: None, timeout_s=900)
+        try:
+            while len([p for p in query.recentProgress if p.numInputRows]) < args.batches:
+                if query.exception():
+                    raise RuntimeError(f"{shape} failed: {query.exception()}")
+                time.sleep(0.2)
+        finally:
+            while query.status["isTriggerActive"]:
+                time.sleep(0.05)
+            query.stop()
         elapsed = time.monotonic() - started
     finally:
         if tracer is not None:
             tracer.close()
     durations = [p.durationMs["triggerExecution"] for p in query.recentProgress if p.numInputRows]
-    return durations[1:], elapsed
+    return durations[1:args.batches], elapsed
+
+
+def summary(off: list[float], on: list[float]) -> dict:
+    return {
+        "median_ms_off": statistics.median(off), "median_ms_on": statistics.median(on),
+        "p95_ms_off": percentile(off, 0.95), "p95_ms_on": percentile(on, 0.95),
+        "ratio_median": round(statistics.median(on) / statistics.median(off), 3),
+        "ratio_p95": round(percentile(on, 0.95) / percentile(off, 0.95), 3),
+    }
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=60000)
-    parser.add_argument("--batch", type=int, default=10000)
+    parser.add_argument("--rows-per-batch", type=int, default=10000)
+    parser.add_argument("--offered", type=int, default=10000, help="rows per second each source offers")
+    parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
 
@@ -72,70 +130,63 @@ def main(argv=None) -> None:
     import pyarrow.parquet as pq
     from prometheus_client import REGISTRY
 
-    from headwater.adapters.kafka import ensure_topics
     from headwater.demo import orders as data
-    from headwater.demo.run import end_offsets, spark_session
+    from headwater.demo.run import spark_session
     from headwater.deploy.stack import Stack, free_port
 
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    durations = {(shape, mode): [] for shape in SHAPES for mode in MODES}
+    seconds = dict.fromkeys(MODES, 0.0)
     with tempfile.TemporaryDirectory(prefix="hw-bench-") as tmp:
         home = Path(tmp)
         stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
         stack.up()
         try:
-            config = stack.config()
-            topic = "bench-orders"
-            ensure_topics(config.bootstrap, [topic], 2)
-            say(f"producing {args.rows} orders")
-            coordinates = data.produce(config.bootstrap, topic, data.order_events(args.rows, malformed_every=97))
-            until = end_offsets(topic, coordinates)
+            config = stack.config().with_overrides(spill_dir=str(home / "spill"))
             pq.write_table(pa.Table.from_pylist(data.customers()), home / "customers.parquet")
             spark = spark_session("headwater-bench")
-            modes = ("bare", "off", "on")
-            batches = {mode: [] for mode in modes}
-            seconds = dict.fromkeys(modes, 0.0)
-            for mode in modes:  # warm-up: JIT, Python workers, caches; not counted
-                run_once(spark, config, home, topic, until, args.batch, mode, f"warm-{mode}")
-            for round_ in range(args.rounds):
-                for mode in modes:
-                    durations, elapsed = run_once(spark, config, home, topic, until, args.batch, mode,
-                                                  f"{mode}{round_}")
-                    batches[mode].extend(durations)
-                    seconds[mode] += elapsed
-                    say(f"round {round_} {mode}: {len(durations)} batches, median "
-                        f"{statistics.median(durations):.0f} ms, run {elapsed:.1f} s")
+            for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
+                for shape in SHAPES:
+                    for mode in MODES:
+                        tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
+                        got, elapsed = run_once(spark, config, home, shape, mode, tag, args)
+                        if round_ >= 0:
+                            durations[(shape, mode)].extend(got)
+                            seconds[mode] += elapsed
+                        say(f"round {round_} {shape} {mode}: median {statistics.median(got):.0f} ms, "
+                            f"run {elapsed:.1f} s")
             spark.stop()
         finally:
             stack.down()
 
     def total(metric: str, **labels) -> float:
-        return sum(REGISTRY.get_sample_value(metric, {"query": f"bench-on{r}", **labels}) or 0
-                   for r in range(args.rounds))
+        return sum(REGISTRY.get_sample_value(metric, {"query": f"bench-{shape}-on{r}", **labels}) or 0
+                   for shape in SHAPES for r in range(args.rounds))
 
     edges = total("headwater_capture_edges_total")
     size = total("headwater_capture_bytes_total")
     capture_jobs = total("headwater_capture_job_seconds_total", part="capture")
     user_jobs = total("headwater_capture_job_seconds_total", part="user")
-    bare, off, on = batches["bare"], batches["off"], batches["on"]
+    capture_tasks = total("headwater_capture_task_seconds_total")
+    pooled = {mode: [d for shape in SHAPES for d in durations[(shape, mode)]] for mode in MODES}
+    traced_batches = total("headwater_capture_batches_total", status="full") or 1
     result = {
         "bench": "capture_overhead",
-        "shape": "demo pipeline (parse, filter, project, static join, parquet sink)",
-        "rows": args.rows,
-        "rows_per_batch": args.batch,
-        "batches_off": len(off),
-        "batches_on": len(on),
-        "median_ms_off": statistics.median(off),
-        "median_ms_on": statistics.median(on),
-        "p95_ms_off": percentile(off, 0.95),
-        "p95_ms_on": percentile(on, 0.95),
-        "ratio_median": round(statistics.median(on) / statistics.median(off), 3),
-        "ratio_p95": round(percentile(on, 0.95) / percentile(off, 0.95), 3),
-        "median_ms_bare": statistics.median(bare),
-        "attach_ratio_median": round(statistics.median(off) / statistics.median(bare), 3),
-        "capture_job_share": round(capture_jobs / (capture_jobs + user_jobs), 3) if user_jobs else None,
+        "stream": "reference: demo shape, 5 s windowed aggregation, stream-stream join (rate-micro-batch)",
+        "rows_per_batch": args.rows_per_batch,
+        "offered_rows_per_s": args.offered,
+        "batches_per_mode": len(pooled["on"]),
+        **summary(pooled["off"], pooled["on"]),
+        "median_ms_bare": statistics.median(pooled["bare"]),
+        "attach_ratio_median": round(statistics.median(pooled["off"]) / statistics.median(pooled["bare"]), 3),
+        # Where the traced batches' time went, per batch: jobs of the user's plan (with the
+        # sink write, where lineage rides), capture's own jobs, capture's time inside tasks.
+        "user_job_ms_per_batch": round(1000 * user_jobs / traced_batches, 1),
+        "capture_job_ms_per_batch": round(1000 * capture_jobs / traced_batches, 1),
+        "capture_task_ms_per_batch": round(1000 * capture_tasks / traced_batches, 1),
         "edges_per_s": round(edges / seconds["on"], 1),
         "bytes_per_edge": round(size / edges, 1) if edges else None,
-        "offered_rows_per_s": round(args.rows * args.rounds / seconds["off"], 1),
+        "queries": {shape: summary(durations[(shape, "off")], durations[(shape, "on")]) for shape in SHAPES},
     }
     print(json.dumps(result))
 

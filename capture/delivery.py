@@ -206,10 +206,13 @@ class Delivery:
         taken: list[tuple] = []
         pending = []
         in_flight = 0  # bytes handed to the producer in this call, bounded by buffer_bytes
-        probing = self.breaker.is_open()
-        tried = self.breaker.allow()
-        producer = self.producer() if tried else None
+        probing = tried = False
+        producer = None
         for message in messages:
+            if not taken:  # the breaker is asked only when there is something to send
+                probing = self.breaker.is_open()
+                tried = self.breaker.allow()
+                producer = self.producer() if tried else None
             taken.append(message)
             if producer is None:
                 continue

@@ -26,6 +26,9 @@ OVERHEAD_RATIO = Gauge("headwater_capture_overhead_ratio",
 JOB_SECONDS = Counter("headwater_capture_job_seconds",
                       "Spark job time of traced queries' micro-batches, by part: the user's work or capture's",
                       ["query", "part"])
+TASK_SECONDS = Counter("headwater_capture_task_seconds",
+                       "Time capture spent inside the tasks that write the sink (lineage and publishing)",
+                       ["query"])
 LISTENER_LAG_SECONDS = Gauge("headwater_capture_listener_lag_seconds",
                              "Last batch: from its end to its progress reaching the listener", ["query"])
 

@@ -1,18 +1,30 @@
 """Publishing lineage from Spark's executors to the edges topic.
 
-``publish_partition`` runs inside ``mapInArrow`` on each task: it turns the task's
-sink rows into lineage payloads and hands them to the worker's ``Delivery`` (kept for
-the life of the Python worker), which sends them, or spills them when the broker is
-away. It yields one row of counts, so the driver learns what was sent, spilled and
-dropped without ever holding an edge.
+Two ways, both inside ``mapInArrow`` on each task, handing payloads to the Python
+worker's ``Delivery`` (kept for the life of the worker), which sends them, or spills
+them when the broker is away:
+
+- ``publish_through`` rides in the job that writes the user's sink: it passes the
+  sink's rows on unchanged (minus the lineage columns) and publishes their lineage
+  on the way, so a batch costs no second job. Its counts go to an accumulator.
+- ``publish_partition`` is a job of its own over rows the hook kept (black boxes,
+  the user's own foreachBatch code, sinks that do not read every row); it yields one
+  row of counts per task.
+
+Either way the driver learns what was sent, spilled and dropped without ever holding
+an edge.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
 
 from headwater.core.schema import encode_lineage
 
@@ -21,8 +33,10 @@ from .lineage import BatchContext, lineage_tables
 
 STATS = ("rows", "edges", "nodes", "bytes", "messages", "spilled_edges", "dropped_edges")
 STATS_SCHEMA = ", ".join(f"{name} long" for name in STATS)
+SAMPLE_MODULUS = 1_000_003  # a row is sampled when pmod(rid, SAMPLE_MODULUS) < fraction * SAMPLE_MODULUS
 
 _DELIVERIES: dict = {}
+log = logging.getLogger("headwater.capture")
 
 
 @dataclass(frozen=True)
@@ -39,33 +53,95 @@ def delivery(settings: DeliverySettings) -> Delivery:
     return _DELIVERIES[settings]
 
 
+class Counts(AccumulatorParam):
+    """An accumulator of ``STATS``, then capture's task time in milliseconds, then failed tasks."""
+
+    def zero(self, value):
+        return [0] * (len(STATS) + 2)
+
+    def addInPlace(self, a, b):
+        return [x + y for x, y in zip(a, b)]
+
+
+class _Task:
+    """One task's payloads and counts."""
+
+    def __init__(self, ctx: BatchContext, target: PublishTarget):
+        self.ctx, self.target = ctx, target
+        self.counts = dict.fromkeys(STATS, 0)
+        self.edge_counts: list[int] = []
+        self.key = f"{ctx.query}/{ctx.batch}".encode()
+
+    def messages(self, batch: pa.RecordBatch) -> Iterator[tuple]:
+        for offset in range(0, batch.num_rows, self.target.max_rows_per_message):
+            node_table, edge_table = lineage_tables(batch.slice(offset, self.target.max_rows_per_message), self.ctx)
+            payload = encode_lineage(node_table, edge_table)
+            self.counts["edges"] += edge_table.num_rows
+            self.counts["nodes"] += node_table.num_rows
+            self.counts["bytes"] += len(payload)
+            self.counts["messages"] += 1
+            self.edge_counts.append(edge_table.num_rows)
+            yield self.target.topic, self.key, payload
+
+    def deliver(self, messages) -> None:
+        sender = delivery(self.target.delivery)
+        outcomes = sender.deliver(messages)
+        for outcome, n in zip(outcomes, self.edge_counts):
+            if outcome == SPILLED:
+                self.counts["spilled_edges"] += n
+            elif outcome == DROPPED:
+                self.counts["dropped_edges"] += n
+        if outcomes and all(o not in (SPILLED, DROPPED) for o in outcomes):
+            sender.drain(budget_s=1.0)  # an executor's own spill, once its broker is back
+
+
 def publish_partition(
     batches: Iterator[pa.RecordBatch], ctx: BatchContext, target: PublishTarget
 ) -> Iterator[pa.RecordBatch]:
-    counts = dict.fromkeys(STATS, 0)
-    edge_counts = []
-    key = f"{ctx.query}/{ctx.batch}".encode()
+    task = _Task(ctx, target)
 
     def messages():
         for batch in batches:
-            counts["rows"] += batch.num_rows
-            for offset in range(0, batch.num_rows, target.max_rows_per_message):
-                node_table, edge_table = lineage_tables(batch.slice(offset, target.max_rows_per_message), ctx)
-                payload = encode_lineage(node_table, edge_table)
-                counts["edges"] += edge_table.num_rows
-                counts["nodes"] += node_table.num_rows
-                counts["bytes"] += len(payload)
-                counts["messages"] += 1
-                edge_counts.append(edge_table.num_rows)
-                yield target.topic, key, payload
+            task.counts["rows"] += batch.num_rows
+            yield from task.messages(batch)
 
-    sender = delivery(target.delivery)
-    outcomes = sender.deliver(messages())
-    for outcome, n in zip(outcomes, edge_counts):
-        if outcome == SPILLED:
-            counts["spilled_edges"] += n
-        elif outcome == DROPPED:
-            counts["dropped_edges"] += n
-    if outcomes and all(o not in (SPILLED, DROPPED) for o in outcomes):
-        sender.drain(budget_s=1.0)  # an executor's own spill, once its broker is back
-    yield pa.RecordBatch.from_pydict({name: [value] for name, value in counts.items()})
+    task.deliver(messages())
+    yield pa.RecordBatch.from_pydict({name: [value] for name, value in task.counts.items()})
+
+
+def sampled(rids: np.ndarray, fraction: float) -> np.ndarray:
+    """Which rows are in a batch's sample: by rid, as ``tracer._sampled`` decides in Spark."""
+    return np.mod(rids, SAMPLE_MODULUS) < int(fraction * SAMPLE_MODULUS)
+
+
+def publish_through(
+    batches: Iterator[pa.RecordBatch], ctx: BatchContext, target: PublishTarget, keep: list[str],
+    fraction: float | None, counts,
+) -> Iterator[pa.RecordBatch]:
+    """Yield each batch's ``keep`` columns, publishing the lineage of its rows (of a sample)."""
+    task = _Task(ctx, target)
+    payloads = []
+    spent = 0.0
+    failed = 0
+    for batch in batches:
+        started = time.perf_counter()
+        task.counts["rows"] += batch.num_rows
+        if not failed:
+            try:
+                lineage = batch
+                if fraction is not None:
+                    lineage = batch.filter(pa.array(sampled(batch.column("_hw_rid").to_numpy(), fraction)))
+                payloads.extend(task.messages(lineage))
+            except Exception:  # lineage must never fail the user's write: the batch is logged failed
+                log.exception("lineage of batch %s failed in this task", ctx.batch)
+                failed = 1
+        spent += time.perf_counter() - started
+        yield batch.select(keep)
+    started = time.perf_counter()
+    try:
+        task.deliver(payloads)
+    except Exception:
+        log.exception("publishing the lineage of batch %s failed in this task", ctx.batch)
+        failed = 1
+    spent += time.perf_counter() - started
+    counts.add([task.counts[name] for name in STATS] + [round(spent * 1000), failed])

@@ -38,7 +38,7 @@ from .jvm_listener import register as register_job_listener
 from .jvm_listener import unregister as unregister_job_listener
 from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
-from .publish import STATS, STATS_SCHEMA, PublishTarget, publish_partition
+from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
 from .sinks import SinkSpec, write_batch
 from .spark_plan import analyzed
@@ -341,6 +341,10 @@ class BatchHook:
         config = traced.tracer.config
         self.target = PublishTarget(traced.tracer.delivery_settings, config.edges_topic)
         self.budget = OverheadBudget(config.overhead_budget)
+        context = traced.tracer.spark.sparkContext
+        self.counts = context.accumulator(Counts().zero(None), Counts())
+        self.parallelism = max(1, context.defaultParallelism)
+        self._fusable: bool | None = None  # whether lineage can ride in the sink's write job
 
     def _edges_from(self, sources, batch_id: int, mask: int | None = None) -> tuple[SourceEdges, ...]:
         """How each source's rows link to the rows of a batch; ``mask`` overrides the plan's masks."""
@@ -379,18 +383,23 @@ class BatchHook:
         frame = batch_df.toDF(*positional)
         boxes = threaded.black_boxes
         capture = plan.level != LOG_ONLY
+        fused = capture and self.fusable(frame, positional[:n_user])
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
         out = out.withColumn(RID_COLUMN, self.output_rid(batch_id, hashable))
-        if capture:
+        if capture and not fused:
             out = out.persist()
         stats: dict = {}
         publishing = 0.0
+        keep = [p for p, _ in user] + ([RID_COLUMN] if self.traced.emit_rid else [])
+        named = [*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else [])]
         try:
-            rows = out.select(*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else []))
-            write_batch(rows, self.sink, batch_id)
-            if capture:
+            if fused:
+                stats, publishing = self._write_through(out, keep, named, batch_id, plan)
+            else:
+                write_batch(out.select(*named), self.sink, batch_id)
+            if capture and not fused:
                 publish_started = time.monotonic()
                 context = batch_df.sparkSession.sparkContext
                 context.setLocalProperty(CAPTURE_PROPERTY, "publish")
@@ -400,10 +409,10 @@ class BatchHook:
                     context.setLocalProperty(CAPTURE_PROPERTY, None)
                 publishing = time.monotonic() - publish_started
         finally:
-            if capture:
+            if capture and not fused:
                 out.unpersist()
-                if boxes:
-                    frame.unpersist()
+            if capture and boxes:
+                frame.unpersist()
         status = self._status(plan, stats)
         rest = time.monotonic() - started - publishing
         self.budget.observe(plan, publishing, rest)
@@ -414,6 +423,47 @@ class BatchHook:
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3), **extra, **stats,
         )
+
+    def fusable(self, frame: DataFrame, user_columns: list[str]) -> bool:
+        """Whether lineage can ride in the job that writes the sink (decided once per query).
+
+        Not with black boxes or the user's own foreachBatch code (their lineage needs rows
+        the sink does not get), not for sinks that may not read every row (console), nor
+        for columns Arrow cannot carry.
+        """
+        if self._fusable is None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            self._fusable = not self.traced.threaded.black_boxes and self.sink.foreach_batch is None \
+                and self.sink.format != "console"
+            if self._fusable:
+                try:
+                    to_arrow_schema(frame.select(*user_columns).schema)
+                except Exception:
+                    self._fusable = False
+        return self._fusable
+
+    def _write_through(self, out: DataFrame, keep: list[str], named: list, batch_id: int,
+                       plan: Plan) -> tuple[dict, float]:
+        """Write the sink with lineage published by the same tasks; returns (counts, capture seconds).
+
+        The capture seconds are the tasks' time on lineage spread over the cores that ran them.
+        """
+        threaded = self.traced.threaded
+        ctx = self._context(batch_id, threaded.ir.id, self._edges_from(threaded.sources, batch_id))
+        fn = functools.partial(publish_through, ctx=ctx, target=self.target, keep=keep,
+                               fraction=plan.fraction if plan.level == SAMPLED else None, counts=self.counts)
+        inputs = out.select(*dict.fromkeys([*keep, RID_COLUMN, *[s.column for s in threaded.sources]]))
+        before = list(self.counts.value)
+        write_batch(inputs.mapInArrow(fn, out.select(*keep).schema).select(*named), self.sink, batch_id)
+        delta = [after - was for after, was in zip(self.counts.value, before)]
+        stats = dict(zip(STATS, delta))
+        stats["rows_out"] = stats.pop("rows")
+        task_ms, failed = delta[len(STATS)], delta[len(STATS) + 1]
+        if failed:
+            stats["error"] = f"lineage failed in {failed} task(s); see the executors' logs"
+        metrics.TASK_SECONDS.labels(self.traced.name).inc(task_ms / 1000)
+        return stats, task_ms / 1000 / self.parallelism
 
     @staticmethod
     def _status(plan: Plan, stats: dict) -> str:
@@ -479,9 +529,9 @@ class BatchHook:
         fn = functools.partial(publish_partition, ctx=ctx, target=self.target)
         columns = [RID_COLUMN, *[s.column for s in ctx.sources]]
         try:
-            return rows.select(*columns).mapInArrow(fn, STATS_SCHEMA).agg(
-                *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in STATS]
-            ).collect()[0].asDict()
+            # One row of counts per task, summed here: no shuffle stage for so few rows.
+            counts = rows.select(*columns).mapInArrow(fn, STATS_SCHEMA).collect()
+            return {c: sum(r[c] for r in counts) for c in STATS}
         except Exception as exc:  # lineage must never stop the user's stream
             log.exception("publishing lineage of batch %s failed", ctx.batch)
             return {**{c: 0 for c in STATS if c != "rows"}, "error": str(exc)[:500]}
@@ -489,5 +539,5 @@ class BatchHook:
 
 def _sampled(rid, fraction: float):
     """Whether a row is in a batch's sample: by its rid, so a retried batch samples the same rows."""
-    return F.pmod(rid, F.lit(1_000_003)) < F.lit(int(fraction * 1_000_003))
+    return F.pmod(rid, F.lit(SAMPLE_MODULUS)) < F.lit(int(fraction * SAMPLE_MODULUS))
 

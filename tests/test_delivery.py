@@ -48,3 +48,11 @@ def test_unreachable_broker_spills_at_once_after_the_first_try(tmp_path):
     assert time.monotonic() - started < 0.1  # the open breaker: no wait for the broker
     assert len(delivery.spill.files()) == 3
     assert delivery.drain() == (0, 3)  # still open: nothing tried, nothing lost
+
+
+def test_nothing_to_send_leaves_the_breaker_alone(tmp_path):
+    delivery = Delivery(DeliverySettings(f"127.0.0.1:{free_port()}", str(tmp_path), breaker_cooldown_s=0.2))
+    delivery.breaker.open()
+    time.sleep(0.25)
+    assert delivery.deliver([]) == [] and delivery.drain() == (0, 0)
+    assert delivery.breaker.allow()  # still this caller's turn to probe: nobody took it
