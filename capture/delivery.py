@@ -11,8 +11,9 @@ buffer, a circuit breaker, and a local spill folder.
   driver and every Python worker share it.
 - The spill folder holds at most ``spill_max_bytes``; a message that does not fit is
   dropped and counted, and its batch is logged as a gap.
-- ``drain`` sends spilled messages once the broker answers again (the tracer's drain
-  thread, and executors after a clean publish). Delivery is at least once: a message
+- ``drain`` sends spilled messages once the broker answers again (the tracer's log
+  thread on the driver, and a drain thread in each Python worker that publishes, beside
+  its tasks). Delivery is at least once: a message
   may arrive twice (a timed-out send that landed after all), which is harmless
   because rids and edges are idempotent; none is lost unless it was counted as dropped.
 """
@@ -23,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +164,13 @@ class Spill:
         os.replace(claimed, claimed.with_name(original))
 
 
+def _close_quietly(producer, timeout_s: float = 5.0) -> None:
+    try:
+        producer.close(timeout=timeout_s)
+    except Exception:
+        pass
+
+
 class Delivery:
     """One process's way to the broker: send, and spill what the broker does not take."""
 
@@ -190,13 +199,13 @@ class Delivery:
         return self._producer
 
     def _reset(self) -> None:
-        """Forget a producer that failed, abandoning what it still holds (that was spilled)."""
-        if self._producer is not None:
-            try:
-                self._producer.close(timeout=0)
-            except Exception:
-                pass
-            self._producer = None
+        """Forget a producer that failed; what it still holds was spilled.
+
+        It is closed on a thread of its own: closing waits for the broker, which is away.
+        """
+        failed, self._producer = self._producer, None
+        if failed is not None:
+            threading.Thread(target=_close_quietly, args=(failed,), name="headwater-close", daemon=True).start()
 
     def deliver(self, messages) -> list[str]:
         """Send ``(topic, key, value)`` messages; each one's outcome: SENT, SPILLED or DROPPED.

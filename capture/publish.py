@@ -18,6 +18,7 @@ an edge.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -47,10 +48,25 @@ class PublishTarget:
 
 
 def delivery(settings: DeliverySettings) -> Delivery:
-    """This process's delivery for ``settings``, made once."""
+    """This worker's delivery for ``settings``, made once, with a thread that drains its host's spill.
+
+    The drain thread sends what was spilled once the broker answers again, beside the
+    tasks rather than in them, so no task ever waits for it.
+    """
     if settings not in _DELIVERIES:
         _DELIVERIES[settings] = Delivery(settings)
+        threading.Thread(target=_drain_forever, args=(Delivery(settings),), name="headwater-drain",
+                         daemon=True).start()
     return _DELIVERIES[settings]
+
+
+def _drain_forever(drainer: Delivery, every_s: float = 2.0) -> None:
+    while True:
+        time.sleep(every_s)
+        try:
+            drainer.drain(budget_s=5.0)
+        except Exception:  # keep draining whatever the broker does
+            log.exception("draining the spill failed; retrying")
 
 
 class Counts(AccumulatorParam):
@@ -91,8 +107,6 @@ class _Task:
                 self.counts["spilled_edges"] += n
             elif outcome == DROPPED:
                 self.counts["dropped_edges"] += n
-        if outcomes and all(o not in (SPILLED, DROPPED) for o in outcomes):
-            sender.drain(budget_s=1.0)  # an executor's own spill, once its broker is back
 
 
 def publish_partition(

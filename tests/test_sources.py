@@ -92,7 +92,7 @@ def test_rate_source_lineage_by_value(spark, stack_config, tmp_path):
     tracer = attach(spark, config)
     try:
         query = (tracer.trace(df, name=f"rate-{tag}").writeStream.format("parquet")
-                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="500 milliseconds")
+                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="1 second")
                  .start(str(tmp_path / "sink")))
         deadline = time.monotonic() + 60
         while sum(p.numInputRows for p in query.recentProgress) < 60 and time.monotonic() < deadline:
