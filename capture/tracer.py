@@ -438,8 +438,11 @@ class BatchHook:
                 and self.sink.format != "console"
             if self._fusable:
                 try:
-                    to_arrow_schema(frame.select(*user_columns).schema)
+                    to_arrow_schema(frame.select(*user_columns).schema,
+                                    timezone=frame.sparkSession.conf.get("spark.sql.session.timeZone"))
                 except Exception:
+                    log.info("lineage of %s gets a job of its own: its columns do not all fit Arrow",
+                             self.traced.name, exc_info=True)
                     self._fusable = False
         return self._fusable
 
