@@ -42,25 +42,27 @@ def _fs(df: DataFrame, path: str):
     return jpath.getFileSystem(conf), jpath, jvm
 
 
-def _write_files(df: DataFrame, spec: SinkSpec, batch_id: int) -> None:
+def _write_files(df: DataFrame, spec: SinkSpec, batch_id: int, retry: bool) -> None:
     path = spec.options["path"]
     fs, root, jvm = _fs(df, path)
     staging = f"{path.rstrip('/')}/{STAGING}/batch-{batch_id}"
     writer = df.write.format(spec.format).mode("overwrite")
     writer.options(**{k: v for k, v in spec.options.items() if k not in ("path", "checkpointLocation")}).save(staging)
     prefix = f"part-hw-{batch_id:010d}-"
-    for status in fs.listStatus(root):
-        if status.getPath().getName().startswith(prefix):
-            fs.delete(status.getPath(), False)
-    staged = [s.getPath() for s in fs.listStatus(jvm.org.apache.hadoop.fs.Path(staging))
-              if s.getPath().getName().startswith("part-")]
-    for i, part in enumerate(sorted(staged, key=lambda p: p.getName())):
-        suffix = part.getName().split(".", 1)[1] if "." in part.getName() else spec.format
-        fs.rename(part, jvm.org.apache.hadoop.fs.Path(root, f"{prefix}{i:05d}.{suffix}"))
+    if retry:  # an earlier attempt may have moved some files in
+        for status in fs.listStatus(root):
+            if status.getPath().getName().startswith(prefix):
+                fs.delete(status.getPath(), False)
+    staged = {p.getName(): p for p in (s.getPath() for s in fs.listStatus(jvm.org.apache.hadoop.fs.Path(staging)))}
+    parts = sorted(name for name in staged if name.startswith("part-"))
+    for i, name in enumerate(parts):
+        suffix = name.split(".", 1)[1] if "." in name else spec.format
+        fs.rename(staged[name], jvm.org.apache.hadoop.fs.Path(root, f"{prefix}{i:05d}.{suffix}"))
     fs.delete(jvm.org.apache.hadoop.fs.Path(staging), True)
 
 
-def write_batch(df: DataFrame, spec: SinkSpec, batch_id: int) -> None:
+def write_batch(df: DataFrame, spec: SinkSpec, batch_id: int, retry: bool = True) -> None:
+    """Write one batch; ``retry=False`` when no earlier attempt of it can have written files."""
     if spec.foreach_batch is not None:
         spec.foreach_batch(df, batch_id)
     elif spec.table:
@@ -68,7 +70,7 @@ def write_batch(df: DataFrame, spec: SinkSpec, batch_id: int) -> None:
     elif spec.format in FILE_FORMATS:
         if not spec.options.get("path"):
             raise SinkError(f"a {spec.format} sink needs a path: .start(path) or .option('path', …)")
-        _write_files(df, spec, batch_id)
+        _write_files(df, spec, batch_id, retry)
     elif spec.format == "console":
         df.show(int(spec.options.get("numRows", 20)), truncate=spec.options.get("truncate", "true") == "true")
     elif spec.format == "noop":

@@ -45,6 +45,8 @@ from .spark_plan import analyzed
 
 log = logging.getLogger("headwater.capture")
 
+ROW_HASH = "_hw_row"  # an output row's rid but for its batch (BatchHook.row_hash)
+
 
 def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tracer":
     """Prepare ``spark`` for tracing: topics exist, the Kafka source is registered.
@@ -290,7 +292,7 @@ class TracedWriter:
 
         traced = self._traced
         hook = BatchHook(traced, self._sink)
-        writer = traced.threaded.df.writeStream.foreachBatch(hook)
+        writer = hook.streaming_frame(traced.threaded.df).writeStream.foreachBatch(hook)
         if self._output_mode:
             writer = writer.outputMode(self._output_mode)
         if self._trigger:
@@ -344,7 +346,30 @@ class BatchHook:
         context = traced.tracer.spark.sparkContext
         self.counts = context.accumulator(Counts().zero(None), Counts())
         self.parallelism = max(1, context.defaultParallelism)
-        self._fusable: bool | None = None  # whether lineage can ride in the sink's write job
+        self._kept_schema = None  # of the sink's rows with their rid, once known
+        self._batches = 0  # run by this hook: only its first batch may be a retry of an earlier run's
+        # Everything below is the same for every batch: built once, so a batch costs
+        # the driver few calls into the JVM.
+        fields = threaded.df.schema.fields
+        n_user = threaded.user_columns
+        # Positional names: the user's output may repeat a column name.
+        self.positional = [f"_hw_c{i}" for i in range(n_user)] + [f.name for f in fields[n_user:]]
+        self.user = [(p, f.name) for p, f in zip(self.positional, fields[:n_user])]
+        self.hashable = [p for p, f in zip(self.positional, fields[:n_user]) if not _holds_map(f.dataType)]
+        self.keep = [p for p, _ in self.user] + ([RID_COLUMN] if traced.emit_rid else [])
+        self._named = [*[F.col(p).alias(n) for p, n in self.user], *([F.col(RID_COLUMN)] if traced.emit_rid else [])]
+        self._rid_inputs = [F.col(c) for c in dict.fromkeys([*self.keep, RID_COLUMN, *[s.column for s in threaded.sources]])]
+        self._keep_columns = [F.col(c) for c in self.keep]
+        self.fusable = self._fusable(fields[:n_user])  # whether lineage can ride in the sink's write job
+
+    def streaming_frame(self, df: DataFrame) -> DataFrame:
+        """The traced rows as the hook gets them: the user's columns by position, plus ``_hw_row``.
+
+        ``_hw_row`` hashes all of an output row's rid but its batch: its query, sink,
+        input rids and content. Computed in the streaming plan, it leaves the hook one
+        small expression per batch.
+        """
+        return df.toDF(*self.positional).withColumn(ROW_HASH, self.row_hash())
 
     def _edges_from(self, sources, batch_id: int, mask: int | None = None) -> tuple[SourceEdges, ...]:
         """How each source's rows link to the rows of a batch; ``mask`` overrides the plan's masks."""
@@ -359,46 +384,43 @@ class BatchHook:
         """The state node of a black box: one per batch, or one for all batches if it keeps state."""
         return rids.state_rid(self.traced.name, box.node_id, None if box.stateful else batch_id)
 
-    def output_rid(self, batch_id: int, content: list[str]):
-        """rid of each output row: its query, sink, batch, input rids and content.
+    def row_hash(self):
+        """An output row's rid before its batch: its query, sink, input rids and content.
 
         The content tells apart the rows one input yields (explode); rows alike in
         content and inputs share a rid, which is their true lineage either way.
         """
         parts = [F.col(f"{s.column}.rid") for s in self.traced.threaded.sources]
         return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.sink.describe()),
-                          F.lit(batch_id).cast("long"), *parts, *[F.col(c) for c in content])
+                          *parts, *[F.col(c) for c in self.hashable])
+
+    @staticmethod
+    def output_rid(batch_id: int):
+        """rid of each output row: its ``_hw_row`` hash and the batch."""
+        return F.xxhash64(F.col(ROW_HASH), F.lit(batch_id).cast("long"))
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         plan = self.budget.plan()
-        threaded = self.traced.threaded
-        names = batch_df.columns
-        n_user = threaded.user_columns
-        # Positional names: the user's output may repeat a column name.
-        positional = [f"_hw_c{i}" for i in range(n_user)] + names[n_user:]
-        user = list(zip(positional[:n_user], names[:n_user]))
-        hashable = [p for p, field in zip(positional[:n_user], batch_df.schema.fields)
-                    if not _holds_map(field.dataType)]
-        frame = batch_df.toDF(*positional)
-        boxes = threaded.black_boxes
+        frame = batch_df
+        boxes = self.traced.threaded.black_boxes
         capture = plan.level != LOG_ONLY
-        fused = capture and self.fusable(frame, positional[:n_user])
+        fused = capture and self.fusable
+        retry = self._batches == 0
+        self._batches += 1
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
-        out = out.withColumn(RID_COLUMN, self.output_rid(batch_id, hashable))
+        out = out.withColumn(RID_COLUMN, self.output_rid(batch_id))
         if capture and not fused:
             out = out.persist()
         stats: dict = {}
         publishing = 0.0
-        keep = [p for p, _ in user] + ([RID_COLUMN] if self.traced.emit_rid else [])
-        named = [*[F.col(p).alias(n) for p, n in user], *([RID_COLUMN] if self.traced.emit_rid else [])]
         try:
             if fused:
-                stats, publishing = self._write_through(out, keep, named, batch_id, plan)
+                stats, publishing = self._write_through(out, batch_id, plan, retry)
             else:
-                write_batch(out.select(*named), self.sink, batch_id)
+                write_batch(out.select(*self._named), self.sink, batch_id, retry)
             if capture and not fused:
                 publish_started = time.monotonic()
                 context = batch_df.sparkSession.sparkContext
@@ -424,41 +446,41 @@ class BatchHook:
             seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3), **extra, **stats,
         )
 
-    def fusable(self, frame: DataFrame, user_columns: list[str]) -> bool:
-        """Whether lineage can ride in the job that writes the sink (decided once per query).
+    def _fusable(self, fields) -> bool:
+        """Whether lineage can ride in the job that writes the sink.
 
         Not with black boxes or the user's own foreachBatch code (their lineage needs rows
         the sink does not get), not for sinks that may not read every row (console), nor
         for columns Arrow cannot carry.
         """
-        if self._fusable is None:
-            from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
 
-            self._fusable = not self.traced.threaded.black_boxes and self.sink.foreach_batch is None \
-                and self.sink.format != "console"
-            if self._fusable:
-                try:
-                    to_arrow_schema(frame.select(*user_columns).schema,
-                                    timezone=frame.sparkSession.conf.get("spark.sql.session.timeZone"))
-                except Exception:
-                    log.info("lineage of %s gets a job of its own: its columns do not all fit Arrow",
-                             self.traced.name, exc_info=True)
-                    self._fusable = False
-        return self._fusable
+        if self.traced.threaded.black_boxes or self.sink.foreach_batch is not None or self.sink.format == "console":
+            return False
+        try:
+            to_arrow_schema(StructType(list(fields)),
+                            timezone=self.traced.tracer.spark.conf.get("spark.sql.session.timeZone"))
+            return True
+        except Exception:
+            log.info("lineage of %s gets a job of its own: its columns do not all fit Arrow",
+                     self.traced.name, exc_info=True)
+            return False
 
-    def _write_through(self, out: DataFrame, keep: list[str], named: list, batch_id: int,
-                       plan: Plan) -> tuple[dict, float]:
+    def _write_through(self, out: DataFrame, batch_id: int, plan: Plan, retry: bool) -> tuple[dict, float]:
         """Write the sink with lineage published by the same tasks; returns (counts, capture seconds).
 
         The capture seconds are the tasks' time on lineage spread over the cores that ran them.
         """
         threaded = self.traced.threaded
         ctx = self._context(batch_id, threaded.ir.id, self._edges_from(threaded.sources, batch_id))
-        fn = functools.partial(publish_through, ctx=ctx, target=self.target, keep=keep,
+        fn = functools.partial(publish_through, ctx=ctx, target=self.target, keep=self.keep,
                                fraction=plan.fraction if plan.level == SAMPLED else None, counts=self.counts)
-        inputs = out.select(*dict.fromkeys([*keep, RID_COLUMN, *[s.column for s in threaded.sources]]))
+        if self._kept_schema is None:
+            self._kept_schema = out.select(*self._keep_columns).schema
+        inputs = out.select(*self._rid_inputs)
         before = list(self.counts.value)
-        write_batch(inputs.mapInArrow(fn, out.select(*keep).schema).select(*named), self.sink, batch_id)
+        write_batch(inputs.mapInArrow(fn, self._kept_schema).select(*self._named), self.sink, batch_id, retry)
         delta = [after - was for after, was in zip(self.counts.value, before)]
         stats = dict(zip(STATS, delta))
         stats["rows_out"] = stats.pop("rows")
