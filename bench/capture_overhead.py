@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 SHAPES = ("demo", "window", "join")
@@ -77,6 +78,31 @@ def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int)
     joined = orders.withWatermark("event_time", "5 seconds").join(payments, F.expr(
         "order_id = paid_order_id AND paid_at BETWEEN event_time AND event_time + interval 10 seconds"))
     return joined.select("order_id", "region", "amount_eur", "paid_at"), "append"
+
+
+@contextmanager
+def bench_stack(app: str):
+    """``(home, config, spark)``: a local stack on free ports, a SparkSession, the customers table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from headwater.demo import orders as data
+    from headwater.demo.run import spark_session
+    from headwater.deploy.stack import Stack, free_port
+
+    with tempfile.TemporaryDirectory(prefix=f"{app}-") as tmp:
+        home = Path(tmp)
+        stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
+        stack.up()
+        try:
+            pq.write_table(pa.Table.from_pylist(data.customers()), home / "customers.parquet")
+            spark = spark_session(app)
+            try:
+                yield home, stack.config().with_overrides(spill_dir=str(home / "spill")), spark
+            finally:
+                spark.stop()
+        finally:
+            stack.down()
 
 
 def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args) -> tuple[list[float], float]:
@@ -126,38 +152,22 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from prometheus_client import REGISTRY
-
-    from headwater.demo import orders as data
-    from headwater.demo.run import spark_session
-    from headwater.deploy.stack import Stack, free_port
 
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     durations = {(shape, mode): [] for shape in SHAPES for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)
-    with tempfile.TemporaryDirectory(prefix="hw-bench-") as tmp:
-        home = Path(tmp)
-        stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
-        stack.up()
-        try:
-            config = stack.config().with_overrides(spill_dir=str(home / "spill"))
-            pq.write_table(pa.Table.from_pylist(data.customers()), home / "customers.parquet")
-            spark = spark_session("headwater-bench")
-            for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
-                for shape in SHAPES:
-                    for mode in MODES:
-                        tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
-                        got, elapsed = run_once(spark, config, home, shape, mode, tag, args)
-                        if round_ >= 0:
-                            durations[(shape, mode)].extend(got)
-                            seconds[mode] += elapsed
-                        say(f"round {round_} {shape} {mode}: median {statistics.median(got):.0f} ms, "
-                            f"run {elapsed:.1f} s")
-            spark.stop()
-        finally:
-            stack.down()
+    with bench_stack("headwater-bench") as (home, config, spark):
+        for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
+            for shape in SHAPES:
+                for mode in MODES:
+                    tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
+                    got, elapsed = run_once(spark, config, home, shape, mode, tag, args)
+                    if round_ >= 0:
+                        durations[(shape, mode)].extend(got)
+                        seconds[mode] += elapsed
+                    say(f"round {round_} {shape} {mode}: median {statistics.median(got):.0f} ms, "
+                        f"run {elapsed:.1f} s")
 
     def total(metric: str, **labels) -> float:
         return sum(REGISTRY.get_sample_value(metric, {"query": f"bench-{shape}-on{r}", **labels}) or 0

@@ -343,6 +343,7 @@ class BatchHook:
         config = traced.tracer.config
         self.target = PublishTarget(traced.tracer.delivery_settings, config.edges_topic)
         self.budget = OverheadBudget(config.overhead_budget)
+        self.log_only = config.capture == LOG_ONLY  # the operator turned edges off, the log stays
         context = traced.tracer.spark.sparkContext
         self.counts = context.accumulator(Counts().zero(None), Counts())
         self.parallelism = max(1, context.defaultParallelism)
@@ -401,7 +402,7 @@ class BatchHook:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        plan = self.budget.plan()
+        plan = Plan(LOG_ONLY, 0.0) if self.log_only else self.budget.plan()
         frame = batch_df
         boxes = self.traced.threaded.black_boxes
         capture = plan.level != LOG_ONLY
@@ -437,7 +438,8 @@ class BatchHook:
                 frame.unpersist()
         status = self._status(plan, stats)
         rest = time.monotonic() - started - publishing
-        self.budget.observe(plan, publishing, rest)
+        if not self.log_only:
+            self.budget.observe(plan, publishing, rest)
         metrics.record_batch(self.traced.name, status, stats, publishing)
         metrics.OVERHEAD_RATIO.labels(self.traced.name).set(metrics.overhead_ratio(publishing, rest))
         extra = {"sampled_fraction": plan.fraction} if plan.level == SAMPLED else {}

@@ -1,5 +1,7 @@
 """The overhead budget: its controller batch by batch (pure logic), and on a live stream."""
 
+import pytest
+
 from headwater.capture.budget import FULL, LOG_ONLY, MIN_FRACTION, SAMPLED, OverheadBudget, Plan
 
 
@@ -55,40 +57,49 @@ def test_recovers_to_full_when_load_drops():
 ROWS = 3000
 
 
-def test_a_stream_over_budget_is_sampled_then_log_only_and_says_so(spark, stack_config, tmp_path):
-    """A budget no capture fits: the log shows the controller's levels, the graph holds exactly
-    the edges of full batches and of the sampled rows (by rid), none of log-only batches."""
+def trace_files(spark, config, name: str, tmp_path, tables: list[list[dict]], transform=lambda df: df) -> None:
+    """Trace a Parquet file stream over ``tmp_path/in``, one file and batch per table, into ``tmp_path/sink``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
 
     from headwater.capture import attach
-    from headwater.core.schema import LOG_BATCH
 
-    from .conftest import index, own_topics, read_log, stop_when_idle, wait_batches
-    from .test_faults import graph_edges
+    from .conftest import stop_when_idle, wait_batches
 
-    config, tag = own_topics(stack_config, "budget")
-    config = config.with_overrides(overhead_budget=1e-6)
-    name = f"budget-{tag}"
     folder = tmp_path / "in"
     folder.mkdir()
-    levels = [FULL, SAMPLED, LOG_ONLY, LOG_ONLY, LOG_ONLY, LOG_ONLY, SAMPLED]
     tracer = attach(spark, config)
     try:
         source = spark.readStream.schema("id long, v long").option("maxFilesPerTrigger", 1).parquet(str(folder))
-        df = source.where(F.col("v") % 3 != 0).withColumn("w", F.col("v") * 2)
-        query = (tracer.trace(df, name=name).writeStream.format("parquet")
+        query = (tracer.trace(transform(source), name=name).writeStream.format("parquet")
                  .option("checkpointLocation", str(tmp_path / "checkpoint")).start(str(tmp_path / "sink")))
         try:
-            for number in range(len(levels)):
-                rows = [{"id": number * 10_000 + i, "v": i} for i in range(ROWS)]
+            for number, rows in enumerate(tables):
                 pq.write_table(pa.Table.from_pylist(rows), folder / f"part-{number}.parquet")
                 wait_batches(query, number + 1)
         finally:
             stop_when_idle(query)
     finally:
         tracer.close()
+
+
+def test_a_stream_over_budget_is_sampled_then_log_only_and_says_so(spark, stack_config, tmp_path):
+    """A budget no capture fits: the log shows the controller's levels, the graph holds exactly
+    the edges of full batches and of the sampled rows (by rid), none of log-only batches."""
+    from pyspark.sql import functions as F
+
+    from headwater.core.schema import LOG_BATCH
+
+    from .conftest import index, own_topics, read_log
+    from .test_faults import graph_edges
+
+    config, tag = own_topics(stack_config, "budget")
+    config = config.with_overrides(overhead_budget=1e-6)
+    name = f"budget-{tag}"
+    levels = [FULL, SAMPLED, LOG_ONLY, LOG_ONLY, LOG_ONLY, LOG_ONLY, SAMPLED]
+    trace_files(spark, config, name, tmp_path,
+                [[{"id": number * 10_000 + i, "v": i} for i in range(ROWS)] for number in range(len(levels))],
+                lambda source: source.where(F.col("v") % 3 != 0).withColumn("w", F.col("v") * 2))
     index(config)
 
     batches = {r["batch"]: r for r in read_log(config) if r["schema"] == LOG_BATCH}
@@ -108,3 +119,31 @@ def test_a_stream_over_budget_is_sampled_then_log_only_and_says_so(spark, stack_
     assert edges == expected
     assert any(r.id // 10_000 == 1 for r in sink if captured(r))  # the sample is not empty
     assert all(batches[n].get("edges", 0) == 0 for n in range(2, 6))
+
+
+def test_capture_setting_is_checked():
+    from headwater.core.config import Config
+
+    with pytest.raises(ValueError, match="capture='none'"):
+        Config(capture="none")
+
+
+def test_capture_log_only_logs_every_batch_and_publishes_no_edges(spark, stack_config, tmp_path):
+    """The operator's switch: the sink gets its rows (with rids), the log every batch, the graph nothing."""
+    from headwater.core.schema import LOG_BATCH
+
+    from .conftest import index, own_topics, read_log
+    from .test_faults import graph_edges
+
+    config, tag = own_topics(stack_config, "logonly")
+    config = config.with_overrides(capture="log-only")
+    name = f"logonly-{tag}"
+    trace_files(spark, config, name, tmp_path, [[{"id": n * 100 + i, "v": i} for i in range(50)] for n in range(2)])
+    index(config)
+
+    batches = {r["batch"]: r for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == name}
+    assert {n: r["status"] for n, r in batches.items()} == {0: LOG_ONLY, 1: LOG_ONLY}
+    sink = spark.read.parquet(str(tmp_path / "sink")).collect()
+    assert sorted(r.id for r in sink) == [n * 100 + i for n in range(2) for i in range(50)]
+    assert all(r._hw_rid is not None for r in sink)
+    assert graph_edges(config, name) == []

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 STACK_FILE = "stack.json"
+CAPTURE_LEVELS = ("full", "log-only")
 
 
 def default_home() -> Path:
@@ -37,6 +38,11 @@ class Config:
     send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements before spilling
     breaker_cooldown_s: float = 5.0  # after a failed send, how long everyone spills without trying
     overhead_budget: float = 0.0  # capture time over the batch's own time allowed per query; 0: no limit
+    capture: str = "full"  # "log-only": traced queries log their batches (the gap map) but publish no edges
+
+    def __post_init__(self):
+        if self.capture not in CAPTURE_LEVELS:
+            raise ValueError(f"capture={self.capture!r}: expected one of {', '.join(CAPTURE_LEVELS)}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "Config":
