@@ -3,6 +3,7 @@
 Layout under the store's root:
 
     edges/bucket=B/<topic>~<partition>~<first>~<last>.parquet
+    rows/…, aliases/…, dependencies/…  (the set index's records, same names)
     commits/<topic>~<partition>~<first>~<last>.json
 
 One ``append`` holds the edges of Kafka messages ``first..last`` of one partition. Its
@@ -33,6 +34,8 @@ from headwater.core.schema import EDGE_SCHEMA
 STORE_SCHEMA = pa.schema(list(EDGE_SCHEMA) + [pa.field("src_set", pa.int64()),
                                              pa.field("dst_set", pa.int64(), nullable=False)])
 _SEP = "~"
+# What the set index records beside the edges, committed with them (``set_index.Recorded``).
+RECORDS = ("rows", "aliases", "dependencies")
 
 
 def range_name(topic: str, partition: int, first: int, last: int) -> str:
@@ -65,12 +68,17 @@ class EdgeStore:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def append(self, edges: pa.Table, topic: str, partition: int, first: int, last: int) -> int:
+    def append(self, edges: pa.Table, topic: str, partition: int, first: int, last: int,
+               records: dict[str, pa.Table] | None = None) -> int:
         """Add the edges of messages ``first..last`` of ``topic``/``partition``; returns the bytes written.
 
-        ``edges`` has ``EDGE_SCHEMA``'s columns plus ``src_set`` and ``dst_set``.
+        ``edges`` has ``EDGE_SCHEMA``'s columns plus ``src_set`` and ``dst_set``;
+        ``records`` are tables of ``RECORDS`` kinds committed with them (the set index's).
         """
         name = range_name(topic, partition, first, last)
+        unknown = set(records or {}) - set(RECORDS)
+        if unknown:
+            raise ValueError(f"unknown record kind {sorted(unknown)}; known: {', '.join(RECORDS)}")
         if (self.commits / f"{name}.json").exists():
             return 0  # already in the store: a replay after a crash
         table = edges.select(STORE_SCHEMA.names).cast(STORE_SCHEMA)
@@ -86,6 +94,10 @@ class EdgeStore:
             self._write_atomically(path, lambda tmp, part=part: pq.write_table(
                 part, tmp, compression="zstd", use_dictionary=["query", "op", "cols", "exact", "batch"]))
             written += path.stat().st_size
+        for kind, records_table in (records or {}).items():
+            path = self.root / kind / f"{name}.parquet"
+            self._write_atomically(path, lambda tmp, t=records_table: pq.write_table(t, tmp, compression="zstd"))
+            written += path.stat().st_size
         self._write_atomically(self.commits / f"{name}.json",
                                lambda tmp: tmp.write_text(json.dumps({"edges": table.num_rows, "bytes": written})))
         return written
@@ -99,7 +111,7 @@ class EdgeStore:
     def recover(self) -> dict[tuple[str, int], int]:
         """Delete what an interrupted ``append`` left; returns ``{(topic, partition): next offset}``."""
         done = set(self.committed())
-        for path in self.edges.glob("bucket=*/*"):
+        for path in [*self.edges.glob("bucket=*/*"), *[p for kind in RECORDS for p in (self.root / kind).glob("*")]]:
             stem = path.name[: -len(".parquet")] if path.name.endswith(".parquet") else None
             if path.name.startswith(".") or stem not in done:
                 path.unlink(missing_ok=True)
@@ -132,6 +144,12 @@ class EdgeStore:
             table = table.filter(pc.is_in(table["dst_set"], pa.array(list(sets), pa.int64())))
         return table.set_column(table.schema.get_field_index("src_set"), "src_set",
                                 pc.coalesce(table["src_set"], table["dst_set"]))
+
+    def records(self, kind: str) -> pa.Table | None:
+        """Every committed table of one ``RECORDS`` kind, in commit order; None if there is none."""
+        done = set(self.committed())
+        paths = sorted(p for p in (self.root / kind).glob("*.parquet") if p.name[: -len(".parquet")] in done)
+        return pa.concat_tables(pq.read_table(p) for p in paths) if paths else None
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.files())

@@ -77,3 +77,26 @@ def test_a_write_cut_short_is_undone_and_resumed(tmp_path, monkeypatch):
 def test_topic_names_that_cannot_name_files_are_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot name store files"):
         EdgeStore(tmp_path).append(edges(6), "a~b", 0, 0, 1)
+
+
+def test_records_commit_with_their_edges(tmp_path, monkeypatch):
+    store = EdgeStore(tmp_path, buckets=4)
+    rows = pa.table({"rid": [1, 2], "set": [1, 1]})
+    store.append(edges(7), "edges", 0, 0, 4, records={"rows": rows})
+    real = EdgeStore._write_atomically
+
+    def crash_on_commit(self, path, write):
+        if path.parent.name == "commits":
+            raise OSError("killed")
+        real(self, path, write)
+
+    monkeypatch.setattr(EdgeStore, "_write_atomically", crash_on_commit)
+    with pytest.raises(OSError):
+        store.append(edges(8), "edges", 0, 5, 9, records={"rows": pa.table({"rid": [3], "set": [3]})})
+    monkeypatch.setattr(EdgeStore, "_write_atomically", real)
+    assert store.records("rows").to_pylist() == rows.to_pylist()  # the uncommitted one is not seen
+    store.recover()
+    assert [p.name for p in (tmp_path / "rows").iterdir()] == ["edges~0~000000000000~000000000004.parquet"]
+    assert store.records("aliases") is None
+    with pytest.raises(ValueError, match="unknown record kind"):
+        store.append(edges(9), "edges", 0, 10, 11, records={"other": rows})
