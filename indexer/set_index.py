@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .sets import components
+
 
 @dataclass
 class Recorded:
@@ -47,28 +49,51 @@ class SetIndex:
         return root
 
     def add(self, src: np.ndarray, dst: np.ndarray, src_ds=None, dst_ds=None) -> Recorded:
+        """Record one write's edges (``src_ds``/``dst_ds``: their rows' datasets, for the cut)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
         parent = self.parent
-        src_l, dst_l = np.asarray(src).tolist(), np.asarray(dst).tolist()
-        new = [r for r in dict.fromkeys(src_l + dst_l) if r not in parent]
-        for r in new:
-            parent[r] = r
-        aliases = []
-        crossing = []
-        pairs = zip(src_ds, dst_ds) if src_ds is not None else None
-        for i, (a, b) in enumerate(zip(src_l, dst_l)):
-            if pairs is not None and next(pairs) in self.cut:
-                crossing.append(i)
-                continue
-            ra, rb = self.find(a), self.find(b)
-            if ra != rb:
-                low, high = min(ra, rb), max(ra, rb)
-                parent[high] = low
-                aliases.append((high, low))
-        find = self.find
-        src_set = np.array([find(r) for r in src_l], dtype=np.int64)
-        dst_set = np.array([find(r) for r in dst_l], dtype=np.int64)
-        dependencies = {(int(src_set[i]), int(dst_set[i])) for i in crossing if src_set[i] != dst_set[i]}
-        return Recorded(src_set, dst_set, [(r, find(r)) for r in new], aliases, dependencies)
+        rids = np.unique(np.concatenate([src, dst]))
+        new = sorted(set(rids.tolist()) - parent.keys())
+        parent.update(zip(new, new))
+        # Once per row seen before, not per edge: each row's set before this write.
+        roots = rids.copy()
+        seen = np.flatnonzero(~np.isin(rids, np.array(new, dtype=np.int64), assume_unique=True))
+        roots[seen] = np.fromiter((self.find(r) for r in rids[seen].tolist()), dtype=np.int64, count=len(seen))
+        src_root = roots[np.searchsorted(rids, src)]
+        dst_root = roots[np.searchsorted(rids, dst)]
+        joins = np.ones(len(src), dtype=bool)
+        if src_ds is not None and self.cut:
+            joins = self._joins(src_ds, dst_ds)
+        # The sets this write joins, merged in one go: each into the smallest set it meets.
+        set_ids, merged_into = components(src_root[joins], dst_root[joins])
+        aliases = [(old, new_id) for old, new_id in zip(set_ids.tolist(), merged_into.tolist()) if old != new_id]
+        for old, new_id in aliases:
+            parent[old] = new_id
+
+        def after(root: np.ndarray) -> np.ndarray:
+            """Sets as they are after this write's merges."""
+            if not len(set_ids):
+                return root
+            at = np.minimum(np.searchsorted(set_ids, root), len(set_ids) - 1)
+            return np.where(set_ids[at] == root, merged_into[at], root)
+
+        src_set, dst_set = after(src_root), after(dst_root)
+        crossing = ~joins & (src_set != dst_set)
+        dependencies = set(zip(src_set[crossing].tolist(), dst_set[crossing].tolist()))
+        new_sets = after(np.array(new, dtype=np.int64)).tolist()  # a new row's set before: itself
+        return Recorded(src_set, dst_set, list(zip(new, new_sets)), aliases, dependencies)
+
+    def _joins(self, src_ds, dst_ds) -> np.ndarray:
+        """Which edges join sets: those whose dataset pair is not cut (checked once per pair)."""
+        import pandas as pd
+
+        a, a_names = pd.factorize(np.asarray(src_ds, dtype=object))
+        b, b_names = pd.factorize(np.asarray(dst_ds, dtype=object))
+        pair_codes, at = np.unique(a.astype(np.int64) * len(b_names) + b, return_inverse=True)
+        allowed = np.array([(a_names[c // len(b_names)], b_names[c % len(b_names)]) not in self.cut
+                            for c in pair_codes.tolist()], dtype=bool)
+        return allowed[at]
 
     def resolve(self, set_id: int) -> int:
         return self.find(set_id) if set_id in self.parent else set_id
