@@ -134,16 +134,11 @@ def _partition(members, member_ds, src, dst, src_ds, dst_ds, splits, links, thre
             if size <= threshold:
                 continue
             inner = sub_rids[sub_labels == label]
-            inner_ds = member_ds[in_split][np.searchsorted(rows, inner)] if _sorted(rows) else \
-                np.array([member_ds[np.flatnonzero(members == r)[0]] for r in inner.tolist()], dtype=object)
+            inner_ds = member_ds[in_split][np.searchsorted(rows, inner)]  # rows are sorted: from np.unique
             edges = both & np.isin(dst, inner)
             hub = _hub(src[edges], dst[edges], src_ds[edges], dst_ds[edges])
             _partition(inner, inner_ds, src[edges], dst[edges], src_ds[edges], dst_ds[edges],
                        _subsplits(split, hub, links), links, threshold, rids, set_of)
-
-
-def _sorted(values: np.ndarray) -> bool:
-    return bool(np.all(values[1:] >= values[:-1]))
 
 
 def _hub(src, dst, src_ds, dst_ds) -> str:
