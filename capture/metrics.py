@@ -53,6 +53,5 @@ def serve(port: int, host: str = "127.0.0.1"):
     try:
         server, _ = start_http_server(port, addr=host)
     except OSError as exc:
-        raise OSError(f"cannot serve capture metrics on {host}:{port} ({exc}); choose a free metrics_port, "
-                      f"or 0 for none") from exc
+        raise OSError(f"cannot serve metrics on {host}:{port} ({exc}); choose a free port, or 0 for none") from exc
     return server

@@ -83,12 +83,16 @@ def stack_status(ctx: click.Context) -> None:
 @click.option("--drain", is_flag=True, help="Stop once caught up with the topics and idle.")
 @click.option("--idle", type=float, default=3.0, show_default=True, help="Seconds idle before --drain stops.")
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long in any case.")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="Serve headwater_indexer_* metrics on 127.0.0.1 at this port; 0: none.")
 @click.pass_context
-def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | None) -> None:
-    """Consume the edges and log topics into the graph store."""
+def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | None, metrics_port: int) -> None:
+    """Consume the edges and log topics into the graph store and the Parquet store."""
+    from headwater.capture.metrics import serve
     from headwater.indexer.service import Indexer
 
     config = configuration.load(_home(ctx))
+    server = serve(metrics_port) if metrics_port else None
     indexer = Indexer(config, say=lambda s: click.echo(s, err=True))
     try:
         stats = indexer.run(drain=drain, idle_s=idle, max_seconds=max_seconds)
@@ -96,6 +100,8 @@ def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | Non
         stats = indexer.stats
     finally:
         indexer.close()
+        if server is not None:
+            server.shutdown()
     _emit(stats.to_dict())
 
 

@@ -1,33 +1,63 @@
-"""``headwater index``: the consumer group from the edges and log topics to the graph.
+"""``headwater index``: the consumer group from the edges and log topics to the graph and the Parquet store.
 
-Offsets are committed only after the graph write of every message before them has
-succeeded; a message that cannot be decoded goes to the dlq topic with its reason
-(and is then committed); a graph failure rewinds to the first unwritten message and
-retries, so nothing is lost and MERGE keeps repeats harmless.
+Each poll batch of an edges partition is one write: its messages are decoded (those
+that cannot be, or whose edges name rows they do not describe, go to the dlq topic
+with the reason), their rows and edges are MERGEd into the graph, and at the same
+time their edges are appended to the partition's shard of the Parquet store. The
+shard's commit file is written only once the graph write has succeeded, and the
+Kafka offsets are committed only after both. On assignment, a partition resumes
+where its shard's last committed range ends, so a crash at any point writes no edge
+twice into the store, and MERGE makes the graph's replays harmless.
+
+A graph that is away (connection lost, transient errors) is retried from the first
+unwritten message; a write the graph rejects is retried message by message, and the
+messages it still rejects go to the dlq.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
-from kafka import KafkaConsumer
+import pyarrow as pa
+from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, TransientError
 
 from headwater.adapters.kafka import ensure_topics, producer
+from headwater.core import config as configuration
 from headwater.core.config import Config
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, decode_lineage, decode_log
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, concat_lineage, decode_lineage, decode_log
 
+from . import metrics
 from .graph import GraphWriter
+from .shard import Shard, shard_root
 
 GROUP = "headwater-indexer"
+MAX_POLL_RECORDS = 200
+# Payload bytes per write (about 30 bytes an edge: some 30,000 edges, seconds of graph
+# work): big enough to amortize each write's files and round trips, small enough that
+# a crash loses little work and a restart makes progress.
+WRITE_BYTES = 1 << 20
+# Fault injection for the crash test only: seconds to wait between the stores' writes and
+# the offset commit, widening the window a kill -9 must hit to expose a replay.
+FAULT_PAUSE_ENV = "HEADWATER_INDEXER_FAULT_PAUSE_S"
 
-# Failures that pass: the message is retried. Any other failure is the message's own
+# Failures that pass: the write is retried. Any other failure is the message's own
 # fault and sends it to the dlq.
 RETRYABLE = (ServiceUnavailable, SessionExpired, TransientError, OSError)
+REJECTED = (Neo4jError, ValueError, TypeError, KeyError)
+
+
+class GraphRejected(Exception):
+    """The graph refused a combined write for a reason that is not its being away."""
 
 
 @dataclass
@@ -38,6 +68,10 @@ class IndexerStats:
     log_records: int = 0
     dlq: int = 0
     retries: int = 0
+    parquet_edges: int = 0
+    parquet_bytes: int = 0
+    graph_seconds: float = 0.0
+    parquet_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +87,33 @@ def _dataset_props(source: dict) -> dict:
     }.items() if v is not None}
 
 
+def runs(messages: list, max_bytes: int) -> list[list]:
+    """Consecutive messages in runs of at most ``max_bytes`` of payload (a bigger message alone)."""
+    found, run, size = [], [], 0
+    for message in messages:
+        length = len(message.value or b"")
+        if run and size + length > max_bytes:
+            found.append(run)
+            run, size = [], 0
+        run.append(message)
+        size += length
+    return found + ([run] if run else [])
+
+
+class _Assignment(ConsumerRebalanceListener):
+    def __init__(self, indexer: "Indexer", consumer: KafkaConsumer):
+        self.indexer = indexer
+        self.consumer = consumer
+
+    def on_partitions_revoked(self, revoked):
+        self.indexer.release([tp.partition for tp in revoked if tp.topic == self.indexer.config.edges_topic])
+
+    def on_partitions_assigned(self, assigned):
+        for tp in assigned:
+            if tp.topic == self.indexer.config.edges_topic:
+                self.consumer.seek(tp, self.indexer.shard(tp.partition).resume)
+
+
 class Indexer:
     def __init__(self, config: Config, group: str = GROUP, say: Callable[[str], None] = lambda _: None):
         self.config = config
@@ -60,16 +121,36 @@ class Indexer:
         self.say = say
         self.stats = IndexerStats()
         self.graph = GraphWriter(config)
+        self.store_dir = Path(config.store_dir or configuration.default_home() / "store")
+        self.shards: dict[int, Shard] = {}
+        self._graph_thread = ThreadPoolExecutor(1, thread_name_prefix="headwater-graph")
         self._dlq = None
+        self._fault_pause_s = float(os.environ.get(FAULT_PAUSE_ENV, "0"))
+
+    def shard(self, partition: int) -> Shard:
+        """The store shard of an edges partition, opened (recovered, index rebuilt) on first use."""
+        if partition not in self.shards:
+            started = time.monotonic()
+            shard = Shard(shard_root(self.store_dir, self.config.edges_topic, partition),
+                          self.config.edges_topic, partition).open()
+            self.shards[partition] = shard
+            self.say(f"store shard {self.config.edges_topic}/{partition}: resuming at offset {shard.resume} "
+                     f"({len(shard.index.parent)} rows indexed, {time.monotonic() - started:.1f}s)")
+        return self.shards[partition]
+
+    def release(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            self.shards.pop(partition, None)
 
     def _consumer(self) -> KafkaConsumer:
-        return KafkaConsumer(
-            self.config.edges_topic, self.config.log_topic,
+        consumer = KafkaConsumer(
             bootstrap_servers=self.config.bootstrap, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
-            session_timeout_ms=6000, heartbeat_interval_ms=1000, max_poll_records=20,
+            session_timeout_ms=6000, heartbeat_interval_ms=1000, max_poll_records=MAX_POLL_RECORDS,
             max_poll_interval_ms=600000,
         )
+        consumer.subscribe([self.config.edges_topic, self.config.log_topic], listener=_Assignment(self, consumer))
+        return consumer
 
     def to_dlq(self, message, reason: str) -> None:
         if self._dlq is None:
@@ -79,31 +160,95 @@ class Indexer:
         self._dlq.send(self.config.dlq_topic, key=message.key, value=message.value or b"", headers=headers)
         self._dlq.flush(timeout=10)
         self.stats.dlq += 1
+        metrics.DLQ.inc()
         self.say(f"dlq: {message.topic}:{message.partition}:{message.offset}: {reason}")
 
-    def handle(self, message) -> None:
-        """Write one message to the graph; undecodable ones go to the dlq."""
+    # -- the edges topic: one write per run of a poll batch's messages of a partition
+
+    def write_edges(self, partition: int, messages: list) -> None:
+        """Index a run of messages of one edges partition, in offset order."""
+        shard = self.shard(partition)
+        messages = [m for m in messages if m.offset >= shard.resume]  # the store has the rest
+        if not messages:
+            return
+        decoded = []
+        for message in messages:
+            try:
+                decoded.append((message, *decode_lineage(message.value)))
+            except PayloadError as exc:
+                self.to_dlq(message, str(exc))
+        first, last = messages[0].offset, messages[-1].offset
         try:
-            if message.topic == self.config.edges_topic:
-                nodes, edges = decode_lineage(message.value)
-            else:
-                record = decode_log(message.value)
+            self._write_both(shard, decoded, first, last)
+        except GraphRejected:
+            accepted = []
+            for item in decoded:
+                try:
+                    self.graph.write_lineage(item[1], item[2])
+                    accepted.append(item)
+                except RETRYABLE:
+                    raise
+                except REJECTED as exc:
+                    self.to_dlq(item[0], f"graph store rejected it: {type(exc).__name__}: {exc}")
+            self._write_both(shard, accepted, first, last)
+        self.stats.messages += len(messages)
+
+    def _write_both(self, shard: Shard, decoded: list, first: int, last: int) -> None:
+        """The graph and the shard at once; the shard commits only once the graph has succeeded."""
+        nodes, edges = concat_lineage([(n, e) for _, n, e in decoded])
+        graph = self._graph_thread.submit(self._write_graph, nodes, edges)
+
+        waited = 0.0
+
+        def graph_done() -> None:
+            nonlocal waited
+            began = time.monotonic()
+            try:
+                graph.result()
+            except RETRYABLE:
+                raise
+            except REJECTED as exc:
+                raise GraphRejected(f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                waited += time.monotonic() - began
+
+        started = time.monotonic()
+        try:
+            written = shard.write(nodes, edges, first, last, before_commit=graph_done)
+        finally:
+            graph.exception()  # never leave the graph write running behind a failure
+        graph_done()  # its failure counts even where the store had nothing to commit
+        seconds = time.monotonic() - started - waited  # the store's own time, not the wait for the graph
+        self.stats.parquet_edges += edges.num_rows
+        self.stats.parquet_bytes += written
+        self.stats.parquet_seconds += seconds
+        metrics.record_write("parquet", edges.num_rows, seconds)
+
+    def _write_graph(self, nodes: pa.Table, edges: pa.Table) -> None:
+        started = time.monotonic()
+        written = self.graph.write_lineage(nodes, edges) if nodes.num_rows else 0
+        seconds = time.monotonic() - started
+        self.stats.rows += nodes.num_rows
+        self.stats.edges += written
+        self.stats.graph_seconds += seconds
+        metrics.record_write("graph", written, seconds)
+
+    # -- the log topic: small records, one by one
+
+    def write_log(self, message) -> None:
+        try:
+            record = decode_log(message.value)
         except PayloadError as exc:
             self.to_dlq(message, str(exc))
             return
         try:
-            if message.topic == self.config.edges_topic:
-                self.graph.write_lineage(nodes, edges)
-                self.stats.rows += nodes.num_rows
-                self.stats.edges += edges.num_rows
-            else:
-                self._write_log(record)
-                self.stats.log_records += 1
+            self._write_log(record)
         except RETRYABLE:
             raise
-        except (Neo4jError, ValueError, TypeError, KeyError) as exc:
+        except REJECTED as exc:
             self.to_dlq(message, f"graph store rejected it: {type(exc).__name__}: {exc}")
             return
+        self.stats.log_records += 1
         self.stats.messages += 1
 
     def _write_log(self, record: dict) -> None:
@@ -118,7 +263,8 @@ class Indexer:
                      for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
             self.graph.write_batch(record["query"], int(record["batch"]), props)
 
-    def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None) -> IndexerStats:
+    def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None,
+            stop: threading.Event | None = None) -> IndexerStats:
         """Index until stopped; with ``drain``, until caught up and idle for ``idle_s``."""
         ensure_topics(self.config.bootstrap, [self.config.edges_topic, self.config.log_topic,
                                               self.config.dlq_topic], self.config.topic_partitions)
@@ -127,13 +273,14 @@ class Indexer:
         started = time.monotonic()
         last_activity = time.monotonic()
         try:
-            while max_seconds is None or time.monotonic() - started < max_seconds:
+            while (max_seconds is None or time.monotonic() - started < max_seconds) and not (stop and stop.is_set()):
                 polled = consumer.poll(timeout_ms=500)
                 if polled:
                     last_activity = time.monotonic()
                     self._process(consumer, polled)
                 elif drain and time.monotonic() - last_activity > idle_s and self._caught_up(consumer):
                     break
+                self._record_lag(consumer)
         finally:
             consumer.close()
         return self.stats
@@ -141,18 +288,48 @@ class Indexer:
     def _process(self, consumer: KafkaConsumer, polled: dict) -> None:
         done: dict = {}
         for tp, messages in polled.items():
+            if tp.topic == self.config.edges_topic:
+                for run in runs(messages, WRITE_BYTES):  # each run committed as soon as it is written
+                    if not self._retrying(consumer, tp, run[0].offset, lambda: self.write_edges(tp.partition, run)):
+                        break
+                    self._commit(consumer, {tp: OffsetAndMetadata(run[-1].offset + 1, "", -1)})
+                continue
             for message in messages:
-                try:
-                    self.handle(message)
-                except RETRYABLE as exc:  # the graph store is away: retry from this message
-                    self.stats.retries += 1
-                    self.say(f"graph write failed, retrying {tp.topic}:{tp.partition}:{message.offset}: {exc}")
-                    consumer.seek(tp, message.offset)
-                    time.sleep(1.0)
+                if not self._retrying(consumer, tp, message.offset, lambda: self.write_log(message)):
                     break
                 done[tp] = OffsetAndMetadata(message.offset + 1, "", -1)
-        if done:
+        self._commit(consumer, done)
+
+    def _commit(self, consumer: KafkaConsumer, done: dict) -> None:
+        if not done:
+            return
+        if self._fault_pause_s:
+            self.say(f"fault pause: {self._fault_pause_s}s before committing offsets")
+            time.sleep(self._fault_pause_s)
+        try:
             consumer.commit(done)
+        except CommitFailedError as exc:  # the partitions moved; their new owner resumes from the store
+            self.say(f"offset commit failed after a rebalance: {exc}")
+
+    def _retrying(self, consumer: KafkaConsumer, tp, offset: int, write) -> bool:
+        """Run a write; if a store is away, rewind the partition to ``offset`` to retry it later."""
+        try:
+            write()
+            return True
+        except RETRYABLE as exc:
+            self.stats.retries += 1
+            metrics.RETRIES.inc()
+            self.say(f"write failed, retrying {tp.topic}:{tp.partition}:{offset}: {type(exc).__name__}: {exc}")
+            consumer.seek(tp, offset)
+            time.sleep(1.0)
+            return False
+
+    @staticmethod
+    def _record_lag(consumer: KafkaConsumer) -> None:
+        for tp in consumer.assignment():
+            mark = consumer.highwater(tp)
+            if mark is not None:
+                metrics.LAG.labels(tp.topic, str(tp.partition)).set(max(0, mark - consumer.position(tp)))
 
     @staticmethod
     def _caught_up(consumer: KafkaConsumer) -> bool:
@@ -166,6 +343,7 @@ class Indexer:
         return True
 
     def close(self) -> None:
+        self._graph_thread.shutdown(wait=True)
         self.graph.close()
         if self._dlq is not None:
             self._dlq.close()

@@ -25,13 +25,32 @@ import numpy as np
 from .sets import components
 
 
+_NONE = np.empty(0, dtype=np.int64)
+
+
 @dataclass
 class Recorded:
     src_set: np.ndarray
     dst_set: np.ndarray
-    rows: list[tuple[int, int]] = field(default_factory=list)  # (rid, set) of rows first seen
-    aliases: list[tuple[int, int]] = field(default_factory=list)  # (absorbed set, set it joined)
-    dependencies: set[tuple[int, int]] = field(default_factory=set)
+    new_rows: np.ndarray = field(default_factory=lambda: _NONE)  # rows first seen (sorted)
+    new_sets: np.ndarray = field(default_factory=lambda: _NONE)  # … and their sets
+    absorbed: np.ndarray = field(default_factory=lambda: _NONE)  # sets a merge absorbed
+    absorbed_into: np.ndarray = field(default_factory=lambda: _NONE)  # … and the set each joined
+    dependencies_array: np.ndarray = field(default_factory=lambda: np.empty((0, 2), np.int64))  # (src set, dst set)
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """(rid, set) of the rows first seen."""
+        return list(zip(self.new_rows.tolist(), self.new_sets.tolist()))
+
+    @property
+    def aliases(self) -> list[tuple[int, int]]:
+        """(absorbed set, set it joined)."""
+        return list(zip(self.absorbed.tolist(), self.absorbed_into.tolist()))
+
+    @property
+    def dependencies(self) -> set[tuple[int, int]]:
+        return set(map(tuple, self.dependencies_array.tolist()))
 
 
 class SetIndex:
@@ -54,11 +73,14 @@ class SetIndex:
         dst = np.asarray(dst, dtype=np.int64)
         parent = self.parent
         rids = np.unique(np.concatenate([src, dst]))
-        new = sorted(set(rids.tolist()) - parent.keys())
-        parent.update(zip(new, new))
+        listed = rids.tolist()
+        known = np.fromiter(map(parent.__contains__, listed), dtype=bool, count=len(listed))
+        new = rids[~known]
+        new_list = new.tolist()
+        parent.update(zip(new_list, new_list))
         # Once per row seen before, not per edge: each row's set before this write.
         roots = rids.copy()
-        seen = np.flatnonzero(~np.isin(rids, np.array(new, dtype=np.int64), assume_unique=True))
+        seen = np.flatnonzero(known)
         roots[seen] = np.fromiter((self.find(r) for r in rids[seen].tolist()), dtype=np.int64, count=len(seen))
         src_root = roots[np.searchsorted(rids, src)]
         dst_root = roots[np.searchsorted(rids, dst)]
@@ -67,9 +89,9 @@ class SetIndex:
             joins = self._joins(src_ds, dst_ds)
         # The sets this write joins, merged in one go: each into the smallest set it meets.
         set_ids, merged_into = components(src_root[joins], dst_root[joins])
-        aliases = [(old, new_id) for old, new_id in zip(set_ids.tolist(), merged_into.tolist()) if old != new_id]
-        for old, new_id in aliases:
-            parent[old] = new_id
+        moved = set_ids != merged_into
+        absorbed, absorbed_into = set_ids[moved], merged_into[moved]
+        parent.update(zip(absorbed.tolist(), absorbed_into.tolist()))
 
         def after(root: np.ndarray) -> np.ndarray:
             """Sets as they are after this write's merges."""
@@ -80,9 +102,20 @@ class SetIndex:
 
         src_set, dst_set = after(src_root), after(dst_root)
         crossing = ~joins & (src_set != dst_set)
-        dependencies = set(zip(src_set[crossing].tolist(), dst_set[crossing].tolist()))
-        new_sets = after(np.array(new, dtype=np.int64)).tolist()  # a new row's set before: itself
-        return Recorded(src_set, dst_set, list(zip(new, new_sets)), aliases, dependencies)
+        dependencies = np.unique(np.stack([src_set[crossing], dst_set[crossing]], axis=1), axis=0)
+        new_sets = after(new)  # a new row's set before this write: itself
+        return Recorded(src_set, dst_set, new, new_sets, absorbed, absorbed_into, dependencies)
+
+    def undo(self, recorded: Recorded) -> None:
+        """Take back the ``add`` that returned ``recorded`` (the last one): its store write failed.
+
+        ``add`` compresses paths only before it merges, so every row seen before still
+        points into its own pre-write set; un-merging and forgetting the new rows is all.
+        """
+        absorbed = recorded.absorbed.tolist()
+        self.parent.update(zip(absorbed, absorbed))
+        for rid in recorded.new_rows.tolist():
+            del self.parent[rid]
 
     def _joins(self, src_ds, dst_ds) -> np.ndarray:
         """Which edges join sets: those whose dataset pair is not cut (checked once per pair)."""
@@ -110,9 +143,11 @@ class SetIndex:
     def restore(cls, rows, aliases, cut=frozenset()) -> "SetIndex":
         """The index as the store recorded it: rows at their first set, absorbed sets under their new one."""
         index = cls(cut)
-        for rid, set_id in rows:
-            index.parent[rid] = set_id
-            index.parent.setdefault(set_id, set_id)
+        rows = list(rows)
+        # Every set id is a root, unless a row record or an alias says otherwise.
+        set_ids = {set_id for _, set_id in rows}
+        index.parent = dict(zip(set_ids, set_ids))
+        index.parent.update(rows)
         for old, new in aliases:
             index.parent.setdefault(new, new)
             index.parent[old] = new

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +36,7 @@ STORE_SCHEMA = pa.schema(list(EDGE_SCHEMA) + [pa.field("src_set", pa.int64()),
                                              pa.field("dst_set", pa.int64(), nullable=False)])
 _SEP = "~"
 # What the set index records beside the edges, committed with them (``set_index.Recorded``).
-RECORDS = ("rows", "aliases", "dependencies")
+RECORDS = ("rows", "aliases", "dependencies", "cut")
 
 
 def range_name(topic: str, partition: int, first: int, last: int) -> str:
@@ -69,11 +70,13 @@ class EdgeStore:
         os.replace(tmp, path)
 
     def append(self, edges: pa.Table, topic: str, partition: int, first: int, last: int,
-               records: dict[str, pa.Table] | None = None) -> int:
+               records: dict[str, pa.Table] | None = None, before_commit: Callable[[], None] | None = None) -> int:
         """Add the edges of messages ``first..last`` of ``topic``/``partition``; returns the bytes written.
 
         ``edges`` has ``EDGE_SCHEMA``'s columns plus ``src_set`` and ``dst_set``;
         ``records`` are tables of ``RECORDS`` kinds committed with them (the set index's).
+        ``before_commit`` runs once the files are written, before the commit file; if it
+        raises, nothing is committed (the indexer waits there for the graph's write).
         """
         name = range_name(topic, partition, first, last)
         unknown = set(records or {}) - set(RECORDS)
@@ -98,6 +101,8 @@ class EdgeStore:
             path = self.root / kind / f"{name}.parquet"
             self._write_atomically(path, lambda tmp, t=records_table: pq.write_table(t, tmp, compression="zstd"))
             written += path.stat().st_size
+        if before_commit is not None:
+            before_commit()
         self._write_atomically(self.commits / f"{name}.json",
                                lambda tmp: tmp.write_text(json.dumps({"edges": table.num_rows, "bytes": written})))
         return written

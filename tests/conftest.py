@@ -25,8 +25,8 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def stack_config(stack):
-    """The stack's config; capture spills into the stack's folder, not the user's home."""
-    return stack.config().with_overrides(spill_dir=str(stack.home / "spill"))
+    """The stack's config; capture's spill and the indexer's store are in the stack's folder, not the user's home."""
+    return stack.config().with_overrides(spill_dir=str(stack.home / "spill"), store_dir=str(stack.home / "store"))
 
 
 def own_topics(stack_config, prefix: str = "t"):

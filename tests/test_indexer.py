@@ -2,6 +2,7 @@ import json
 
 import pyarrow as pa
 from kafka import KafkaConsumer
+from prometheus_client import REGISTRY
 
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, LOG_PROGRESS, NODE_SCHEMA, encode_lineage, encode_log
@@ -33,13 +34,24 @@ def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config
     client.flush()
     client.close()
 
+    def sample(name: str, **labels) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {store: sample("headwater_indexer_edges_total", store=store) for store in ("graph", "parquet")}
+    dlq_before = sample("headwater_indexer_dlq_total")
     indexer = Indexer(config)
     try:
         stats = indexer.run(drain=True, idle_s=1.5, max_seconds=120)
     finally:
         indexer.close()
     assert stats.dlq == 2
-    assert stats.edges == 2 and stats.log_records == 2
+    assert stats.edges == 2 and stats.log_records == 2 and stats.parquet_edges == 2
+    assert {store: sample("headwater_indexer_edges_total", store=store) - before[store]
+            for store in before} == {"graph": 2, "parquet": 2}
+    assert sample("headwater_indexer_dlq_total") - dlq_before == 2
+    lag = REGISTRY.get_sample_value("headwater_indexer_lag", {"topic": config.edges_topic, "partition": "0"})
+    assert lag == 0  # set from the fetched high-water mark, and caught up
+    assert sample("headwater_indexer_write_seconds_count", store="graph") > 0
 
     dlq = KafkaConsumer(config.dlq_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
                         consumer_timeout_ms=3000)

@@ -47,9 +47,32 @@ def test_nulls_in_required_columns_are_rejected():
         decode_lineage(good[: 8 + nodes_len] + sink.getvalue().to_pybytes())
 
 
+def test_edges_between_rows_the_payload_does_not_describe_are_rejected():
+    nodes, edges = tables()
+    stray = pa.Table.from_pylist(
+        [{"src": 1, "dst": 99, "query": "q", "batch": 3, "op": 0, "exact": True, "cols": -1}], schema=EDGE_SCHEMA)
+    with pytest.raises(PayloadError, match="dst rids name no row.*99"):
+        decode_lineage(encode_lineage(nodes, pa.concat_tables([edges, stray])))
+
+
 def test_log_records_round_trip_and_reject_unknown():
     record = decode_log(encode_log(LOG_BATCH, query="q", batch=1, status="full"))
     assert record["batch"] == 1 and record["status"] == "full"
     for bad in (b"{}", b"[1]", b"\xff", b'{"schema": "other/1"}'):
         with pytest.raises(PayloadError):
             decode_log(bad)
+
+
+def test_payloads_concatenated_keep_each_row_and_edge_once():
+    from headwater.core.schema import concat_lineage
+
+    nodes, edges = tables()
+    more_nodes = pa.Table.from_pylist([{"rid": 3, "kind": "output", "dataset": "sink", "query": "q", "batch": 4}],
+                                      schema=NODE_SCHEMA)
+    more_edges = pa.Table.from_pylist(
+        [{"src": 1, "dst": 3, "query": "q", "batch": 4, "op": 0, "exact": True, "cols": -1}], schema=EDGE_SCHEMA)
+    got_nodes, got_edges = concat_lineage([(nodes, edges), (nodes, edges), (more_nodes, more_edges)])
+    assert got_nodes["rid"].to_pylist() == [1, 2, 3]
+    assert sorted(zip(got_edges["src"].to_pylist(), got_edges["dst"].to_pylist())) == [(1, 2), (1, 3)]
+    assert got_edges.schema == EDGE_SCHEMA
+    assert concat_lineage([])[1].num_rows == 0

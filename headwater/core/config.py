@@ -38,6 +38,7 @@ class Config:
     send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements before spilling
     breaker_cooldown_s: float = 5.0  # after a failed send, how long everyone spills without trying
     overhead_budget: float = 0.0  # capture time over the batch's own time allowed per query; 0: no limit
+    store_dir: str = ""  # the indexer's Parquet edge store, one folder per edges partition; "": <home>/store
     capture: str = "full"  # "log-only": traced queries log their batches (the gap map) but publish no edges
 
     def __post_init__(self):

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import struct
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 LINEAGE_MAGIC = b"HWL"
 LINEAGE_VERSION = 2
@@ -103,6 +105,27 @@ def decode_lineage(message: bytes) -> tuple[pa.Table, pa.Table]:
         raise PayloadError("lineage payload is truncated")
     nodes = _read_ipc(message[8 : 8 + nodes_len], NODE_SCHEMA, "nodes")
     edges = _read_ipc(message[8 + nodes_len :], EDGE_SCHEMA, "edges")
+    described = nodes.column("rid")
+    for end in ("src", "dst"):
+        unknown = pc.filter(edges.column(end), pc.invert(pc.is_in(edges.column(end), described)))
+        if len(unknown):
+            raise PayloadError(f"edges: {len(unknown)} {end} rids name no row of the payload's nodes, "
+                               f"e.g. {unknown[0].as_py()}")
+    return nodes, edges
+
+
+def concat_lineage(parts: list[tuple[pa.Table, pa.Table]]) -> tuple[pa.Table, pa.Table]:
+    """Several payloads' ``(nodes, edges)`` as one: each rid once (as first described), each edge once."""
+    if not parts:
+        return NODE_SCHEMA.empty_table(), EDGE_SCHEMA.empty_table()
+    nodes = pa.concat_tables([n for n, _ in parts])
+    edges = pa.concat_tables([e for _, e in parts])
+    _, first = np.unique(nodes.column("rid").to_numpy(), return_index=True)
+    if len(first) < nodes.num_rows:
+        nodes = nodes.take(pa.array(np.sort(first)))
+    unique = edges.group_by(EDGE_SCHEMA.names, use_threads=False).aggregate([])
+    if unique.num_rows < edges.num_rows:  # a batch published twice (a retry) repeats its edges
+        edges = unique.select(EDGE_SCHEMA.names).cast(EDGE_SCHEMA)
     return nodes, edges
 
 

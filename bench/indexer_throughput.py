@@ -1,0 +1,187 @@
+"""Indexer throughput: 1M edges of realistic shape from the edges topic into the graph and the Parquet store.
+
+Starts its own local stack (broker, Bolt graph server) on free ports, publishes
+``--edges`` edges of ``bench.workload``'s shape (a join with a static dimension, and
+aggregations of fan-in 1 to 1,000 over the same orders) to a two-partition edges
+topic, then runs the indexer until it has caught up. Figures:
+
+- ``graph_edges_per_s``: edges over the time spent in graph writes;
+- ``parquet_edges_per_s``: the Parquet path by itself (set index and files), the same
+  messages in the indexer's write sizes into a fresh shard; ``…_beside_graph``: edges
+  over the time the indexer spent writing the store while the graph was written in
+  the other thread (the wait for the graph before each commit not counted; the two
+  share the interpreter, so this is lower);
+- ``end_to_end_edges_per_s``: edges over the indexer's whole run (both stores are
+  written at the same time, so this is about the slower of the two);
+- ``bytes_per_edge``: the edge files on disk over the edges; ``store_bytes_per_edge``:
+  the whole store, with the rid → set index, aliases and dependencies;
+- baselines from the same run, so the ratios hold on a noisy machine: graph writes as
+  the indexer made them before batching (one per message, 2,000 rows per statement) on
+  ``--baseline-edges`` of the edges, and plain Parquet files of the same edges (no sets,
+  one file per write) for the store.
+
+The last line printed is one JSON object.
+
+    .venv/bin/python bench/indexer_throughput.py [--edges 1000000] [--baseline-edges 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.workload import lineage_messages  # noqa: E402
+
+
+def publish(config, messages, partitions: int = 2) -> list[int]:
+    from headwater.adapters.kafka import ensure_topics, producer
+    from headwater.core.schema import encode_lineage
+
+    ensure_topics(config.bootstrap, [config.edges_topic, config.log_topic, config.dlq_topic], partitions)
+    client = producer(config.bootstrap)
+    sizes = []
+    for i, (nodes, edges) in enumerate(messages):
+        payload = encode_lineage(nodes, edges)
+        sizes.append(len(payload))
+        client.send(config.edges_topic, key=f"m{i}".encode(), value=payload)
+    client.flush()
+    client.close()
+    return sizes
+
+
+def store_alone(folder: Path, messages, sizes: list[int]) -> float:
+    """Edges/s of the Parquet path by itself (set index and files), in the indexer's write sizes."""
+    from headwater.core.schema import concat_lineage
+    from headwater.indexer.service import WRITE_BYTES
+    from headwater.indexer.shard import Shard
+
+    shard = Shard(folder, "bench.edges", 0).open()
+    started = time.monotonic()
+    first = 0
+    while first < len(messages):
+        last, size = first, sizes[first]
+        while last + 1 < len(messages) and size + sizes[last + 1] <= WRITE_BYTES:
+            last += 1
+            size += sizes[last]
+        shard.write(*concat_lineage(messages[first: last + 1]), first, last)
+        first = last + 1
+    return sum(e.num_rows for _, e in messages) / (time.monotonic() - started)
+
+
+def baseline_graph(config, messages) -> float:
+    """Edges/s of one graph transaction per message, 2,000 rows a statement (the indexer before batching)."""
+    from headwater.indexer import graph
+
+    writer = graph.GraphWriter(config)
+    chunk, graph.CHUNK = graph.CHUNK, 2000
+    try:
+        writer.ensure_schema()
+        started = time.monotonic()
+        for nodes, edges in messages:
+            writer.write_lineage(nodes, edges)
+        return sum(e.num_rows for _, e in messages) / (time.monotonic() - started)
+    finally:
+        graph.CHUNK = chunk
+        writer.close()
+
+
+def baseline_parquet(folder: Path, messages, per_write: int) -> float:
+    """Edges/s of plain zstd Parquet files of the same edges, ``per_write`` messages a file, no sets."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    started = time.monotonic()
+    for i in range(0, len(messages), per_write):
+        table = pa.concat_tables([e for _, e in messages[i: i + per_write]])
+        pq.write_table(table, folder / f"{i}.parquet", compression="zstd")
+    return sum(e.num_rows for _, e in messages) / (time.monotonic() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--edges", type=int, default=1_000_000)
+    parser.add_argument("--baseline-edges", type=int, default=100_000)
+    parser.add_argument("--edges-per-message", type=int, default=5000)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the stack below is stopped
+
+    from headwater.deploy.stack import Stack, free_port
+    from headwater.indexer.service import MAX_POLL_RECORDS, Indexer
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="indexer-bench-") as tmp:
+        home = Path(tmp)
+        stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
+        stack.up()
+        try:
+            config = stack.config().with_overrides(store_dir=str(home / "store"), edges_topic="bench.edges",
+                                                   log_topic="bench.log", dlq_topic="bench.dlq")
+            started = time.monotonic()
+            messages = list(lineage_messages(args.edges, seed=1, edges_per_message=args.edges_per_message))
+            edges = sum(e.num_rows for _, e in messages)
+            rows = sum(n.num_rows for n, _ in messages)
+            say(f"generated {edges} edges, {rows} rows in {len(messages)} messages "
+                f"({time.monotonic() - started:.1f}s)")
+            sizes = publish(config, messages)
+            payload_bytes = sum(sizes)
+            say(f"published {payload_bytes / 1e6:.1f} MB")
+
+            baseline_messages = list(lineage_messages(args.baseline_edges, seed=2,
+                                                      edges_per_message=args.edges_per_message, prefix="base-"))
+            graph_baseline = baseline_graph(config, baseline_messages)
+            say(f"baseline graph (per message): {graph_baseline:.0f} edges/s")
+
+            indexer = Indexer(config, say=say)
+            started = time.monotonic()
+            try:
+                stats = indexer.run(drain=True, idle_s=2.0, max_seconds=3600)
+            finally:
+                indexer.close()
+            wall = time.monotonic() - started
+            if stats.edges != edges or stats.parquet_edges != edges:
+                raise SystemExit(f"indexed {stats.edges} edges into the graph and {stats.parquet_edges} into "
+                                 f"Parquet, expected {edges}")
+            store_bytes = sum(p.stat().st_size for p in (home / "store").rglob("*") if p.is_file())
+            edge_files = sum(p.stat().st_size for p in (home / "store").rglob("edges/bucket=*/*.parquet"))
+            writes = max(1, len(list((home / "store").rglob("commits/*.json"))))
+            parquet_baseline = baseline_parquet(home / "plain", messages, max(1, len(messages) // writes))
+            parquet_alone = store_alone(home / "alone", messages, sizes)
+        finally:
+            stack.down()
+
+    graph_rate = stats.edges / stats.graph_seconds
+    beside_graph = stats.parquet_edges / stats.parquet_seconds
+    print(json.dumps({
+        "bench": "indexer_throughput",
+        "edges": edges,
+        "rows": rows,
+        "messages": len(messages),
+        "writes": writes,
+        "max_poll_records": MAX_POLL_RECORDS,
+        "graph_edges_per_s": round(graph_rate),
+        "parquet_edges_per_s": round(parquet_alone),
+        "parquet_edges_per_s_beside_graph": round(beside_graph),
+        "end_to_end_edges_per_s": round(edges / wall),
+        "bytes_per_edge": round(edge_files / edges, 2),
+        "store_bytes_per_edge": round(store_bytes / edges, 2),
+        "payload_bytes_per_edge": round(payload_bytes / edges, 2),
+        "baseline_graph_edges_per_s": round(graph_baseline),
+        "graph_speedup_vs_baseline": round(graph_rate / graph_baseline, 2),
+        "baseline_parquet_edges_per_s": round(parquet_baseline),
+        "parquet_ratio_vs_plain_files": round(parquet_alone / parquet_baseline, 3),
+        "targets": {"graph_edges_per_s": 20000, "parquet_edges_per_s": 200000, "bytes_per_edge": 16},
+    }))
+
+
+if __name__ == "__main__":
+    main()
