@@ -112,6 +112,7 @@ class _Assignment(ConsumerRebalanceListener):
         for tp in assigned:
             if tp.topic == self.indexer.config.edges_topic:
                 self.consumer.seek(tp, self.indexer.shard(tp.partition).resume)
+                self.indexer.unverified.add(tp)  # checked after the poll: no blocking calls here
 
 
 class Indexer:
@@ -126,6 +127,7 @@ class Indexer:
         self._graph_thread = ThreadPoolExecutor(1, thread_name_prefix="headwater-graph")
         self._dlq = None
         self._fault_pause_s = float(os.environ.get(FAULT_PAUSE_ENV, "0"))
+        self.unverified: set = set()  # edges partitions assigned whose shard's resume point is not checked yet
 
     def shard(self, partition: int) -> Shard:
         """The store shard of an edges partition, opened (recovered, index rebuilt) on first use."""
@@ -137,6 +139,17 @@ class Indexer:
             self.say(f"store shard {self.config.edges_topic}/{partition}: resuming at offset {shard.resume} "
                      f"({len(shard.index.parent)} rows indexed, {time.monotonic() - started:.1f}s)")
         return self.shards[partition]
+
+    def set_aside(self, partition: int) -> Shard:
+        """Move a shard out of the store (kept on disk, never read) and start the partition afresh."""
+        root = shard_root(self.store_dir, self.config.edges_topic, partition)
+        aside = root.parent / "set-aside" / f"{root.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(root, aside)
+        self.shards.pop(partition, None)
+        self.say(f"store shard {self.config.edges_topic}/{partition}: the consumer group has no offset for it, "
+                 f"so it was set aside in {aside} and is rebuilt from the topic")
+        return self.shard(partition)
 
     def release(self, partitions: list[int]) -> None:
         for partition in partitions:
@@ -275,6 +288,8 @@ class Indexer:
         try:
             while (max_seconds is None or time.monotonic() - started < max_seconds) and not (stop and stop.is_set()):
                 polled = consumer.poll(timeout_ms=500)
+                if self.unverified:
+                    polled = self._verify(consumer, polled)
                 if polled:
                     last_activity = time.monotonic()
                     self._process(consumer, polled)
@@ -284,6 +299,23 @@ class Indexer:
         finally:
             consumer.close()
         return self.stats
+
+    def _verify(self, consumer: KafkaConsumer, polled: dict) -> dict:
+        """Set aside the shards of newly assigned partitions the group has no offset for.
+
+        The shard then has data the group never committed: the topic is not the one the
+        shard was built from (a broker that lost its data, a topic recreated), or the
+        group is new. Either way the shard cannot say where to resume, so it is set
+        aside and the partition is indexed again from its beginning.
+        """
+        polled = dict(polled)
+        for tp in self.unverified & consumer.assignment():
+            if self.shard(tp.partition).resume and consumer.committed(tp) is None:
+                self.set_aside(tp.partition)
+                consumer.seek_to_beginning(tp)
+                polled.pop(tp, None)  # fetched from where the old shard ended
+        self.unverified.clear()
+        return polled
 
     def _process(self, consumer: KafkaConsumer, polled: dict) -> None:
         done: dict = {}
