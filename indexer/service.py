@@ -1,13 +1,14 @@
 """``headwater index``: the consumer group from the edges and log topics to the graph and the Parquet store.
 
-Each poll batch of an edges partition is one write: its messages are decoded (those
-that cannot be, or whose edges name rows they do not describe, go to the dlq topic
-with the reason), their rows and edges are MERGEd into the graph, and at the same
-time their edges are appended to the partition's shard of the Parquet store. The
-shard's commit file is written only once the graph write has succeeded, and the
-Kafka offsets are committed only after both. On assignment, a partition resumes
+A poll batch of an edges partition is cut into runs of about ``WRITE_BYTES`` of
+payload, each one write: its messages are decoded (those that cannot be, or whose
+edges name rows they do not describe, go to the dlq topic with the reason), their
+rows and edges go to the graph in one transaction (``graph.py``: replays are skipped),
+and at the same time their edges are appended to the partition's shard of the Parquet
+store. The shard's commit file is written only once the graph write has succeeded, and
+the Kafka offset is committed only after both. On assignment, a partition resumes
 where its shard's last committed range ends, so a crash at any point writes no edge
-twice into the store, and MERGE makes the graph's replays harmless.
+twice into the store.
 
 A graph that is away (connection lost, transient errors) is retried from the first
 unwritten message; a write the graph rejects is retried message by message, and the
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -276,8 +276,7 @@ class Indexer:
                      for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
             self.graph.write_batch(record["query"], int(record["batch"]), props)
 
-    def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None,
-            stop: threading.Event | None = None) -> IndexerStats:
+    def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None) -> IndexerStats:
         """Index until stopped; with ``drain``, until caught up and idle for ``idle_s``."""
         ensure_topics(self.config.bootstrap, [self.config.edges_topic, self.config.log_topic,
                                               self.config.dlq_topic], self.config.topic_partitions)
@@ -286,7 +285,7 @@ class Indexer:
         started = time.monotonic()
         last_activity = time.monotonic()
         try:
-            while (max_seconds is None or time.monotonic() - started < max_seconds) and not (stop and stop.is_set()):
+            while max_seconds is None or time.monotonic() - started < max_seconds:
                 polled = consumer.poll(timeout_ms=500)
                 if self.unverified:
                     polled = self._verify(consumer, polled)

@@ -39,16 +39,20 @@ def shard_root(store_dir: str | Path, topic: str, partition: int) -> Path:
     return Path(store_dir) / topic / f"partition={partition}"
 
 
-def datasets_of(nodes: pa.Table, rids: np.ndarray) -> np.ndarray:
-    """The dataset of each rid, from the nodes of the same messages (every edge's ends are among them)."""
+def datasets_of(nodes: pa.Table, *rid_arrays: np.ndarray) -> list[np.ndarray]:
+    """The dataset of each rid of each array, from the nodes of the same messages (every edge's ends are among them)."""
     node_rids = nodes["rid"].to_numpy()
     order = np.argsort(node_rids, kind="stable")
-    at = np.searchsorted(node_rids, rids, sorter=order)
-    at = order[np.minimum(at, len(order) - 1)] if len(order) else np.zeros(len(rids), dtype=np.int64)
-    if len(rids) and (not len(order) or not np.array_equal(node_rids[at], rids)):
-        missing = rids[~np.isin(rids, node_rids)][:3].tolist()
-        raise ValueError(f"edges name rows their message does not describe, e.g. rids {missing}")
-    return np.asarray(nodes["dataset"].fill_null("").to_numpy(zero_copy_only=False), dtype=object)[at]
+    datasets = np.asarray(nodes["dataset"].fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+    found = []
+    for rids in rid_arrays:
+        at = order[np.minimum(np.searchsorted(node_rids, rids, sorter=order), len(order) - 1)] \
+            if len(order) else np.zeros(len(rids), dtype=np.int64)
+        if len(rids) and (not len(order) or not np.array_equal(node_rids[at], rids)):
+            missing = rids[~np.isin(rids, node_rids)][:3].tolist()
+            raise ValueError(f"edges name rows their message does not describe, e.g. rids {missing}")
+        found.append(datasets[at])
+    return found
 
 
 def static_datasets(nodes: pa.Table) -> set[str]:
@@ -90,8 +94,7 @@ class Shard:
         """
         src = edges["src"].to_numpy()
         dst = edges["dst"].to_numpy()
-        src_ds = datasets_of(nodes, src)
-        dst_ds = datasets_of(nodes, dst)
+        src_ds, dst_ds = datasets_of(nodes, src, dst)
         cut = self._new_cut(static_datasets(nodes), src_ds, dst_ds)
         self.index.cut |= cut
         try:

@@ -12,16 +12,7 @@ import pytest
 from bench.workload import lineage_messages
 from headwater.indexer.set_index import SetIndex
 from headwater.indexer.shard import Shard
-
-
-def reach(start: set, step: dict) -> set:
-    seen, todo = set(), list(start)
-    while todo:
-        for nxt in step.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
+from tests.test_sets import reach
 
 
 def pairs(table: pa.Table) -> list[tuple[int, int]]:
@@ -40,6 +31,8 @@ def refuse():
 def test_shard_writes_restarts_and_reads_lineage_by_set(tmp_path, seed):
     rng = random.Random(seed)
     messages = list(lineage_messages(30_000, seed=seed, edges_per_message=1500))
+    customers = {r for n, _ in messages for r, d in zip(n["rid"].to_pylist(), n["dataset"].to_pylist())
+                 if d == "customers"}
     shard = Shard(tmp_path, "edges", 0, buckets=8).open()
     offset, produced = 0, []
     while messages:
@@ -71,7 +64,6 @@ def test_shard_writes_restarts_and_reads_lineage_by_set(tmp_path, seed):
     assert all(index.resolve(first_set[d]) == index.resolve(s)
                for d, s in zip(stored["dst"].to_pylist(), stored["dst_set"].to_pylist()))
     # The customers hub was cut: its rows stay sets of their own.
-    customers = {r for r, d in zip(*[t.to_pylist() for t in _datasets(tmp_path, seed)]) if d == "customers"}
     assert customers and all(index.find(c) == c for c in customers)
 
     aliases = store.records("aliases")
@@ -95,11 +87,6 @@ def test_shard_writes_restarts_and_reads_lineage_by_set(tmp_path, seed):
             for a, b in pairs(store.read(ids)):  # only the buckets of those sets
                 (local[a].add(b) if forward else local[b].add(a))
             assert reach({row}, local) == reach({row}, step)
-
-
-def _datasets(tmp_path, seed) -> tuple[pa.Array, pa.Array]:
-    nodes = pa.concat_tables([n for n, _ in lineage_messages(30_000, seed=seed, edges_per_message=1500)])
-    return nodes["rid"], nodes["dataset"]
 
 
 def test_a_write_cut_short_leaves_nothing_and_the_range_is_written_again(tmp_path):
