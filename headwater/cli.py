@@ -105,6 +105,34 @@ def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | Non
     _emit(stats.to_dict())
 
 
+@main.command("compact")
+@click.option("--threshold", type=int, default=None, help="Most rows a connected set holds (default 100,000).")
+@click.option("--buckets", type=int, default=None, help="Edge buckets of the generation (default 64).")
+@click.pass_context
+def compact(ctx: click.Context, threshold: int | None, buckets: int | None) -> None:
+    """Recompute the connected sets of the Parquet store on Spark and switch to them (a new generation)."""
+    from pyspark.sql import SparkSession
+
+    from headwater.demo.run import spark_session
+    from headwater.indexer import compaction
+
+    config = configuration.load(_home(ctx))
+    if threshold is not None and threshold < 1 or buckets is not None and buckets < 1:
+        _fail("--threshold and --buckets must be at least 1")
+    running = SparkSession.getActiveSession()  # a caller's session is used, and left running
+    spark = running or spark_session("headwater-compact")
+    options = {k: v for k, v in (("threshold", threshold), ("buckets", buckets)) if v is not None}
+    try:
+        manifest = compaction.compact(spark, config.store_path(), config.edges_topic,
+                                      say=lambda s: click.echo(s, err=True), **options)
+    except (compaction.CompactionBusy, ValueError) as exc:
+        _fail(str(exc))
+    finally:
+        if running is None:
+            spark.stop()
+    _emit({k: v for k, v in manifest.items() if k != "covers"})
+
+
 @main.group()
 def lineage() -> None:
     """Lineage queries, answered as JSON lines."""

@@ -1,7 +1,19 @@
-"""Connected components on Spark DataFrames: large-star / small-star (Kiveris et al., 2014).
+"""Compaction: the connected sets of a whole edges topic, recomputed on Spark and written as a generation.
 
-No GraphFrames jar can be installed here, so compaction finds the weakly connected
-components of the whole store with DataFrames alone. Each round alternates:
+The indexer keeps sets per shard (one edges partition) and never rewrites a file, so
+between compactions sets that meet across shards stay apart and merges pile up
+aliases. ``compact`` reads every shard's committed edges and rows and:
+
+1. finds the weakly connected components of the whole graph (``components``, below);
+2. keeps each component of at most ``threshold`` rows as one set, and splits each
+   larger one with ``sets.connected_sets`` (CSProv's Algorithm 3, the same code the
+   property tests check), one component per group, on Spark's Python workers;
+3. writes the edges bucketed by their dst's set, the rid → set index and the set
+   dependencies as a new generation, and switches to it atomically
+   (``generation.py``).
+
+No GraphFrames jar can be installed here, so components are found with DataFrames
+alone, by large-star / small-star (Kiveris et al., 2014). Each round alternates:
 
 - large-star: every node links its larger neighbours to the smallest node of its
   neighbourhood (itself included);
@@ -14,8 +26,28 @@ node, the same name ``sets.components`` gives (a component's smallest rid).
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+import fcntl
+import json
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from . import generation, metrics
+from .shard import BUCKETS as SHARD_BUCKETS
+from .store import EdgeStore
+
+THRESHOLD = 100_000  # most rows a set holds, unless it lies in one dataset (CSProv's λ)
+BUCKETS = 64  # edge buckets of a generation
+EDGE_COLUMNS = ("src", "dst", "query", "batch", "op", "exact", "cols")
+# store.STORE_SCHEMA in Spark's words
+STORE_DDL = ("src bigint, dst bigint, query string, batch bigint, op int, exact boolean, cols bigint, "
+             "src_set bigint, dst_set bigint")
 
 MAX_ROUNDS = 64  # each round at least halves the distance to the minimum: 2**64 nodes
 
@@ -57,3 +89,123 @@ def components(edges: DataFrame, src: str = "src", dst: str = "dst") -> DataFram
     smallest = pairs.groupBy("u").agg(F.min("v").alias("component"))
     return (nodes.join(smallest, nodes.rid == smallest.u, "left")
             .select("rid", F.coalesce("component", "rid").alias("component")))
+
+
+class CompactionBusy(RuntimeError):
+    """Another compaction of the same topic is running."""
+
+
+def _shards(store_dir: Path, topic: str) -> dict[int, EdgeStore]:
+    found = {}
+    for folder in sorted((store_dir / topic).glob("partition=*")):
+        found[int(folder.name.split("=", 1)[1])] = EdgeStore(folder, SHARD_BUCKETS)
+    return found
+
+
+def _snapshot(shards: dict[int, EdgeStore]) -> tuple[dict[int, list[str]], list[str], list[str]]:
+    """What each shard has committed now: range names, edge files, rows-record files."""
+    covers, edge_files, row_files = {}, [], []
+    for partition, store in shards.items():
+        names = store.committed()
+        covers[partition] = names
+        edge_files += [str(p) for p in store.files()]
+        row_files += [str(p) for p in (store.root / "rows").glob("*.parquet") if p.name[: -len(".parquet")] in names]
+    return covers, edge_files, row_files
+
+
+def _split_large(threshold: int):
+    """A grouped-map function: the connected sets of one large component's edges."""
+    def split(frame):
+        import pandas as pd
+
+        from .sets import connected_sets
+
+        datasets = dict(zip(frame["src"].tolist(), frame["src_dataset"].tolist()))
+        datasets.update(zip(frame["dst"].tolist(), frame["dst_dataset"].tolist()))
+        rids, set_of = connected_sets(frame["src"].to_numpy(), frame["dst"].to_numpy(), datasets, threshold)
+        return pd.DataFrame({"rid": rids, "set": set_of})
+    return split
+
+
+def connected_sets(edges: DataFrame, rows: DataFrame, threshold: int) -> DataFrame:
+    """``(rid, set)`` for every rid of ``edges`` (``rows``: ``rid, dataset``)."""
+    labelled = components(edges).localCheckpoint()
+    sizes = labelled.groupBy("component").agg(F.count("*").alias("size"))
+    small = (labelled.join(sizes.where(F.col("size") <= threshold), "component")
+             .select("rid", F.col("component").alias("set")))
+    large = labelled.join(sizes.where(F.col("size") > threshold), "component").select("rid", "component")
+    dataset = rows.select("rid", F.coalesce("dataset", F.lit("")).alias("dataset"))
+    inside = (edges.select("src", "dst")
+              .join(large.withColumnRenamed("rid", "dst"), "dst")
+              .join(dataset.withColumnRenamed("rid", "src").withColumnRenamed("dataset", "src_dataset"), "src", "left")
+              .join(dataset.withColumnRenamed("rid", "dst").withColumnRenamed("dataset", "dst_dataset"), "dst", "left")
+              .fillna("", ["src_dataset", "dst_dataset"]))
+    split = inside.groupBy("component").applyInPandas(_split_large(threshold), "rid long, set long")
+    return small.unionByName(split)
+
+
+def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: int = THRESHOLD,
+            buckets: int = BUCKETS, say: Callable[[str], None] = lambda _: None) -> dict:
+    """Recompute the connected sets of every shard of ``topic`` and switch to them; returns the manifest."""
+    started = time.monotonic()
+    store_dir = Path(store_dir)
+    root = generation.compacted_root(store_dir, topic)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CompactionBusy(f"another compaction of {topic} is running (lock {root / '.lock'})") from None
+        covers, edge_files, row_files = _snapshot(_shards(store_dir, topic))
+        if not edge_files:
+            raise ValueError(f"nothing to compact: no committed edges under {store_dir / topic}")
+        say(f"compacting {sum(map(len, covers.values()))} writes of {len(covers)} shards "
+            f"({len(edge_files)} edge files)")
+        number = generation.next_number(root)
+        tmp = root / f"gen={number}{generation.TMP_MARK}{os.getpid()}"
+        try:
+            manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say)
+            manifest.update(generation=number, topic=topic, covers={str(p): n for p, n in covers.items()},
+                            threshold=threshold, buckets=buckets,
+                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            manifest["seconds"] = round(time.monotonic() - started, 3)
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            os.replace(tmp, generation.generation_dir(root, number))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        generation.switch(root, number)
+    metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
+    say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
+        f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
+    return manifest
+
+
+def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out: Path, threshold: int,
+           buckets: int, say: Callable[[str], None]) -> dict:
+    edges = spark.read.schema(STORE_DDL).parquet(*edge_files).select(*EDGE_COLUMNS).localCheckpoint()
+    rows = (spark.read.schema("rid bigint, set bigint, dataset string").parquet(*row_files)
+            .groupBy("rid").agg(F.first("dataset", ignorenulls=True).alias("dataset")))
+    sets = connected_sets(edges, rows, threshold).localCheckpoint()
+    say("sets found; writing the generation")
+    src_sets = sets.select(F.col("rid").alias("src"), F.col("set").alias("src_set"))
+    dst_sets = sets.select(F.col("rid").alias("dst"), F.col("set").alias("dst_set"))
+    placed = (edges.join(src_sets, "src").join(dst_sets, "dst")
+              .select(*EDGE_COLUMNS, "src_set", "dst_set").localCheckpoint())
+    (placed.withColumn("src_set", F.when(F.col("src_set") != F.col("dst_set"), F.col("src_set")))
+     .withColumn("bucket", F.pmod("dst_set", F.lit(buckets)))
+     .repartition("bucket").sortWithinPartitions("dst_set", "dst")
+     .write.option("compression", "zstd").partitionBy("bucket").parquet(str(out / "edges")))
+    indexed = sets.join(rows, "rid", "left")
+    (indexed.repartitionByRange(max(1, spark.sparkContext.defaultParallelism), "rid").sortWithinPartitions("rid")
+     .write.option("compression", "zstd").parquet(str(out / "rows")))
+    dependencies = (placed.where(F.col("src_set") != F.col("dst_set")).select("src_set", "dst_set").distinct())
+    dependencies.coalesce(1).write.option("compression", "zstd").parquet(str(out / "dependencies"))
+    counts = sets.groupBy("set").count()
+    found = {"edges": placed.count(), "rows": sets.count(), "sets": counts.count(),
+             "largest_set": counts.agg(F.max("count")).first()[0],
+             "dependencies": spark.read.parquet(str(out / "dependencies")).count()}
+    read = edges.count()
+    if found["edges"] != read:  # every rid of an edge has a set; anything else is a bug, not a generation
+        raise RuntimeError(f"compaction placed {found['edges']} edges of the {read} it read")
+    return found

@@ -22,7 +22,6 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
@@ -32,7 +31,6 @@ from kafka.structs import OffsetAndMetadata
 from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, TransientError
 
 from headwater.adapters.kafka import ensure_topics, producer
-from headwater.core import config as configuration
 from headwater.core.config import Config
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, concat_lineage, decode_lineage, decode_log
 
@@ -122,7 +120,7 @@ class Indexer:
         self.say = say
         self.stats = IndexerStats()
         self.graph = GraphWriter(config)
-        self.store_dir = Path(config.store_dir or configuration.default_home() / "store")
+        self.store_dir = config.store_path()
         self.shards: dict[int, Shard] = {}
         self._graph_thread = ThreadPoolExecutor(1, thread_name_prefix="headwater-graph")
         self._dlq = None

@@ -29,7 +29,8 @@ from .store import EdgeStore
 # buckets mean bigger files (on the bench workload, 8 buckets: 11.7 bytes per edge in
 # the edge files at 198,000 edges/s; 64 buckets: 18.2 bytes at 85,000 edges/s).
 BUCKETS = 8
-ROWS_SCHEMA = pa.schema([("rid", pa.int64()), ("set", pa.int64())])
+# A row's dataset is kept with its set: compaction splits large components along datasets.
+ROWS_SCHEMA = pa.schema([("rid", pa.int64()), ("set", pa.int64()), ("dataset", pa.string())])
 ALIASES_SCHEMA = pa.schema([("old", pa.int64()), ("new", pa.int64())])
 DEPENDENCIES_SCHEMA = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64())])
 CUT_SCHEMA = pa.schema([("src_dataset", pa.string()), ("dst_dataset", pa.string())])
@@ -106,7 +107,8 @@ class Shard:
             table = edges.append_column("src_set", pa.array(recorded.src_set, pa.int64())) \
                          .append_column("dst_set", pa.array(recorded.dst_set, pa.int64()))
             written = self.store.append(table, self.topic, self.partition, first, last,
-                                        _records(recorded, cut), before_commit)
+                                        _records(recorded, datasets_of(nodes, recorded.new_rows)[0], cut),
+                                        before_commit)
         except BaseException:
             self.index.undo(recorded)
             self.index.cut -= cut
@@ -122,14 +124,14 @@ class Shard:
         return pairs - self.index.cut
 
 
-def _records(recorded: Recorded, cut: set[tuple[str, str]]) -> dict[str, pa.Table]:
+def _records(recorded: Recorded, new_row_datasets: np.ndarray, cut: set[tuple[str, str]]) -> dict[str, pa.Table]:
     def table(columns, schema: pa.Schema) -> pa.Table:
         return pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)
 
     # Aliases sorted by the set they joined: a merge's many absorbed sets share one ``new``.
     order = np.lexsort((recorded.absorbed, recorded.absorbed_into))
     pairs = sorted(cut)
-    return {"rows": table([recorded.new_rows, recorded.new_sets], ROWS_SCHEMA),
+    return {"rows": table([recorded.new_rows, recorded.new_sets, new_row_datasets], ROWS_SCHEMA),
             "aliases": table([recorded.absorbed[order], recorded.absorbed_into[order]], ALIASES_SCHEMA),
             "dependencies": table([recorded.dependencies_array[:, 0], recorded.dependencies_array[:, 1]],
                                   DEPENDENCIES_SCHEMA),

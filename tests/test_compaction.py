@@ -1,13 +1,29 @@
-"""Compaction's connected components on Spark (large-star / small-star) against the numpy ones."""
+"""Compaction on Spark: its connected components against the numpy ones; its generations against brute force."""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import random
+from collections import defaultdict
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pytest
+from click.testing import CliRunner
 
+from bench.workload import lineage_messages
+from headwater.cli import main
+from headwater.indexer import metrics
+from headwater.indexer.compaction import CompactionBusy, compact
+from headwater.indexer.generation import Generation, compacted_root
 from headwater.indexer.sets import components
+from headwater.indexer.shard import Shard, shard_root
 
-from .test_sets import random_lineage
+from .test_sets import random_lineage, reach
+from .test_shard import pairs
 
 
 @pytest.mark.spark
@@ -24,3 +40,106 @@ def test_spark_components_equal_numpy_components(spark):
         got = {r.rid: r.component for r in spark_components(df).collect()}
         rids, labels = components(src, dst)
         assert got == dict(zip(rids.tolist(), labels.tolist()))
+
+
+def write_shards(store_dir, topic: str, messages, partitions: int = 2) -> list[tuple[int, int]]:
+    """The messages into ``partitions`` shards, as the indexer writes them; returns the edges."""
+    shards = [Shard(shard_root(store_dir, topic, p), topic, p).open() for p in range(partitions)]
+    produced = []
+    for i in range(0, len(messages), 3):
+        take = messages[i: i + 3]
+        shard = shards[(i // 3) % partitions]
+        nodes = pa.concat_tables([n for n, _ in take])
+        edges = pa.concat_tables([e for _, e in take])
+        shard.write(nodes, edges, shard.resume, shard.resume + len(take) - 1)
+        produced += list(zip(edges["src"].to_pylist(), edges["dst"].to_pylist()))
+    return produced
+
+
+def generation_edges(gen: Generation) -> pa.Table:
+    return gen.edges(pc.unique(ds.dataset(gen.path / "rows", format="parquet").to_table()["set"]).to_pylist())
+
+
+@pytest.mark.spark
+def test_compaction_sets_hold_every_lineage_across_shards(spark, tmp_path):
+    messages = list(lineage_messages(24_000, seed=5, edges_per_message=1000))
+    datasets = {r: d for n, _ in messages for r, d in zip(n["rid"].to_pylist(), n["dataset"].to_pylist())}
+    produced = write_shards(tmp_path, "t.edges", messages)
+    threshold = 400
+    before = metrics.COMPACTION_SECONDS._sum.get()
+    manifest = compact(spark, tmp_path, "t.edges", threshold=threshold, buckets=8)
+    assert metrics.COMPACTION_SECONDS._sum.get() > before
+
+    gen = Generation.current(tmp_path, "t.edges")
+    assert gen.manifest == manifest and set(gen.covers()) == {0, 1}
+    rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
+    set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
+    assert len(set_of) == rows.num_rows == len(datasets)  # every row once
+    assert dict(zip(rows["rid"].to_pylist(), rows["dataset"].to_pylist())) == datasets
+    stored = generation_edges(gen)
+    assert sorted(pairs(stored)) == sorted(produced)
+    # Every edge lies in its dst's set, and names its src's.
+    assert stored["dst_set"].to_pylist() == [set_of[d] for d in stored["dst"].to_pylist()]
+    assert stored["src_set"].to_pylist() == [set_of[s] for s in stored["src"].to_pylist()]
+    members = defaultdict(set)
+    for r, s in set_of.items():
+        members[s].add(r)
+    assert all(s == min(m) and (len(m) <= threshold or len({datasets[r] for r in m}) == 1)
+               for s, m in members.items())
+    assert max(map(len, members.values())) == manifest["largest_set"] and len(members) == manifest["sets"]
+    assert len(members) > 10  # the one component the customers hub makes was split
+
+    up, down = defaultdict(set), defaultdict(set)
+    for a, b in produced:
+        up[b].add(a)
+        down[a].add(b)
+    rng = random.Random(5)
+    for row in rng.sample(sorted(set_of), 40):
+        for step, direction in ((up, "backward"), (down, "forward")):
+            sets = gen.related_sets({gen.set_of([row])[row]}, direction)
+            local = defaultdict(set)
+            for a, b in pairs(gen.edges(sets)):  # only those sets' buckets
+                (local[b].add(a) if direction == "backward" else local[a].add(b))
+            assert reach({row}, local) == reach({row}, step)
+
+
+@pytest.mark.spark
+def test_a_new_generation_replaces_the_current_one_whole(spark, tmp_path):
+    messages = list(lineage_messages(6_000, seed=6, edges_per_message=1000))
+    produced = write_shards(tmp_path, "t.edges", messages[:4])
+    compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    first = Generation.current(tmp_path, "t.edges")
+    produced += write_shards(tmp_path, "t.edges", messages[4:])  # the shards go on growing
+
+    root = compacted_root(tmp_path, "t.edges")
+    with open(root / ".lock", "w") as lock:  # a compaction is running
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(CompactionBusy):
+            compact(spark, tmp_path, "t.edges")
+    # A compaction that fails half-way (a shard file it cannot read) leaves the current generation as it was.
+    victim = Shard(shard_root(tmp_path, "t.edges", 1), "t.edges", 1).store.files()[-1]
+    good = victim.read_bytes()
+    victim.write_bytes(good[: len(good) // 2])
+    with pytest.raises(Exception):
+        compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    assert Generation.current(tmp_path, "t.edges").path == first.path
+    assert [p.name for p in root.glob("gen=*")] == [first.path.name]
+    victim.write_bytes(good)
+
+    compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    second = Generation.current(tmp_path, "t.edges")
+    assert second.manifest["generation"] == first.manifest["generation"] + 1
+    assert sorted(pairs(generation_edges(second))) == sorted(produced)
+    assert first.path.exists()  # kept for readers still in it, until the next switch
+    compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    assert not first.path.exists() and second.path.exists()
+
+    # The same from the command line, in this process's Spark session.
+    env = {"HEADWATER_STORE_DIR": str(tmp_path), "HEADWATER_EDGES_TOPIC": "t.edges"}
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--buckets", "4"], env=env)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert printed["generation"] == second.manifest["generation"] + 2 and printed["edges"] == len(produced)
+    assert spark.range(1).count() == 1  # the session was left running
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--threshold", "0"], env=env)
+    assert result.exit_code == 2 and "at least 1" in result.output

@@ -56,6 +56,10 @@ class Config:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def store_path(self) -> Path:
+        """The Parquet edge store's folder."""
+        return Path(self.store_dir) if self.store_dir else default_home() / "store"
+
     def with_overrides(self, **values) -> "Config":
         return replace(self, **{k: v for k, v in values.items() if v is not None})
 

@@ -1,0 +1,139 @@
+"""Compacted generations of the Parquet store: their layout, the atomic switch, and reading them.
+
+A compaction (``compaction.compact``) recomputes the connected sets over every shard of
+an edges topic and writes them as one generation:
+
+    <store_dir>/<topic>/compacted/gen=<N>/
+        edges/bucket=B/*.parquet   the edges, B = dst set mod buckets, sorted by (dst set, dst)
+        rows/*.parquet             rid → set (and dataset), sorted by rid
+        dependencies/*.parquet     (src set, dst set) of the edges that cross sets
+        manifest.json              what it covers (each shard's committed ranges), sizes, duration
+    <store_dir>/<topic>/compacted/CURRENT   {"generation": N}
+
+A generation is written under a temporary name and renamed whole; ``CURRENT`` is then
+replaced (``os.replace``), which is the switch: a reader sees the old generation or the
+new one, never a mix, and a compaction killed at any point leaves the old one current.
+The generation before the current one is kept (a reader may still be in it); older
+ones are removed by the next compaction.
+
+Edge files have the shards' schema (``store.STORE_SCHEMA``): ``src_set`` is null
+where it equals ``dst_set``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from .store import STORE_SCHEMA, bucket_of
+
+CURRENT = "CURRENT"
+TMP_MARK = ".tmp-"
+
+
+def compacted_root(store_dir: str | Path, topic: str) -> Path:
+    return Path(store_dir) / topic / "compacted"
+
+
+def generation_dir(root: Path, number: int) -> Path:
+    return root / f"gen={number}"
+
+
+def current_number(root: Path) -> int | None:
+    try:
+        return int(json.loads((root / CURRENT).read_text())["generation"])
+    except FileNotFoundError:
+        return None
+
+
+def next_number(root: Path) -> int:
+    numbers = [int(p.name.split("=", 1)[1].split(TMP_MARK)[0]) for p in root.glob("gen=*")]
+    return max(numbers, default=0) + 1
+
+
+def switch(root: Path, number: int) -> None:
+    """Make generation ``number`` current (atomically), then drop all but it and the one before."""
+    tmp = root / f".{CURRENT}.tmp"
+    tmp.write_text(json.dumps({"generation": number}))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    previous = current_number(root)
+    os.replace(tmp, root / CURRENT)
+    keep = {number, previous}
+    for path in root.glob("gen=*"):
+        name = path.name.split("=", 1)[1]
+        if TMP_MARK in name or int(name) not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Generation:
+    """One compacted generation, read with pyarrow."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.manifest = json.loads((self.path / "manifest.json").read_text())
+        self.buckets = int(self.manifest["buckets"])
+        self._dependencies: pa.Table | None = None
+
+    @classmethod
+    def current(cls, store_dir: str | Path, topic: str) -> "Generation | None":
+        root = compacted_root(store_dir, topic)
+        number = current_number(root)
+        return None if number is None else cls(generation_dir(root, number))
+
+    def covers(self) -> dict[int, list[str]]:
+        """Each shard's committed ranges (store range names) the generation holds, by partition."""
+        return {int(p): names for p, names in self.manifest["covers"].items()}
+
+    def set_of(self, rids) -> dict[int, int]:
+        """The set of each of ``rids`` that the generation holds."""
+        wanted = pa.array(sorted(set(int(r) for r in rids)), pa.int64())
+        table = ds.dataset(self.path / "rows", format="parquet").to_table(
+            columns=["rid", "set"], filter=pc.field("rid").isin(wanted))
+        return dict(zip(table["rid"].to_pylist(), table["set"].to_pylist()))
+
+    def dependencies(self) -> pa.Table:
+        if self._dependencies is None:
+            self._dependencies = ds.dataset(self.path / "dependencies", format="parquet").to_table()
+        return self._dependencies
+
+    def related_sets(self, sets, direction: str = "backward") -> set[int]:
+        """``sets`` and every set they depend on (``backward``) or that depends on them (``forward``)."""
+        deps = self.dependencies()
+        src, dst = deps["src_set"].to_numpy(), deps["dst_set"].to_numpy()
+        frm, to = (dst, src) if direction == "backward" else (src, dst)
+        order = np.argsort(frm, kind="stable")
+        frm, to = frm[order], to[order]
+        found, todo = set(sets), deque(sets)
+        while todo:
+            at = todo.popleft()
+            lo, hi = np.searchsorted(frm, at, "left"), np.searchsorted(frm, at, "right")
+            for nxt in to[lo:hi].tolist():
+                if nxt not in found:
+                    found.add(nxt)
+                    todo.append(nxt)
+        return found
+
+    def edges(self, sets) -> pa.Table:
+        """The edges whose dst lies in ``sets``, read from those sets' buckets only, ``src_set`` filled in."""
+        wanted = pa.array(sorted(set(int(s) for s in sets)), pa.int64())
+        parts = []
+        for bucket in np.unique(bucket_of(wanted.to_numpy(), self.buckets)).tolist():
+            folder = self.path / "edges" / f"bucket={bucket}"
+            if folder.exists():
+                parts.append(ds.dataset(folder, format="parquet", schema=STORE_SCHEMA).to_table(
+                    filter=pc.field("dst_set").isin(wanted)))
+        table = pa.concat_tables(parts) if parts else STORE_SCHEMA.empty_table()
+        return table.set_column(table.schema.get_field_index("src_set"), "src_set",
+                                pc.coalesce(table["src_set"], table["dst_set"]))
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*.parquet"))
