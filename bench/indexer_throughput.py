@@ -15,10 +15,13 @@ topic, then runs the indexer until it has caught up. Figures:
   written at the same time, so this is about the slower of the two);
 - ``bytes_per_edge``: the edge files on disk over the edges; ``store_bytes_per_edge``:
   the whole store, with the rid → set index, aliases and dependencies;
+- ``compaction_edges_per_s``: ``headwater compact`` over the whole store (two shards)
+  on local Spark, with ``generation_bytes_per_edge``, ``sets`` and ``largest_set``;
 - baselines from the same run, so the ratios hold on a noisy machine: graph writes as
   the indexer made them before batching (one per message, 2,000 rows per statement) on
   ``--baseline-edges`` of the edges, and plain Parquet files of the same edges (no sets,
-  one file per write) for the store.
+  one file per write) for the store, and a plain Spark copy of the shards' edge files
+  (read, shuffle by bucket, write) for compaction.
 
 The last line printed is one JSON object.
 
@@ -105,6 +108,37 @@ def baseline_parquet(folder: Path, messages, per_write: int) -> float:
     return sum(e.num_rows for _, e in messages) / (time.monotonic() - started)
 
 
+def compaction_figures(store_dir: Path, topic: str) -> dict:
+    """Compact the store on local Spark; and, as the baseline, copy its edge files with Spark alone."""
+    from pyspark.sql import functions as F
+
+    from headwater.demo.run import spark_session
+    from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact
+    from headwater.indexer.generation import Generation
+    from headwater.indexer.store import EdgeStore
+
+    spark = spark_session("headwater-bench-compaction")
+    try:
+        manifest = compact(spark, store_dir, topic, say=lambda s: print(s, file=sys.stderr, flush=True))
+        files = [str(p) for folder in sorted((store_dir / topic).glob("partition=*"))
+                 for p in EdgeStore(folder).files()]
+        started = time.monotonic()
+        (spark.read.schema(STORE_DDL).parquet(*files).withColumn("bucket", F.pmod("dst_set", F.lit(BUCKETS)))
+         .repartition("bucket").sortWithinPartitions("dst_set", "dst")
+         .write.option("compression", "zstd").partitionBy("bucket").parquet(str(store_dir / "copy")))
+        copy_seconds = time.monotonic() - started
+    finally:
+        spark.stop()
+    size = Generation.current(store_dir, topic).size_bytes()
+    return {"compaction_seconds": manifest["seconds"],
+            "compaction_edges_per_s": round(manifest["edges"] / manifest["seconds"]),
+            "generation_bytes_per_edge": round(size / manifest["edges"], 2),
+            "sets": manifest["sets"], "largest_set": manifest["largest_set"],
+            "set_dependencies": manifest["dependencies"],
+            "baseline_copy_seconds": round(copy_seconds, 3),
+            "compaction_ratio_vs_copy": round(manifest["seconds"] / copy_seconds, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--edges", type=int, default=1_000_000)
@@ -156,6 +190,7 @@ def main() -> None:
             writes = max(1, len(list((home / "store").rglob("commits/*.json"))))
             parquet_baseline = baseline_parquet(home / "plain", messages, max(1, len(messages) // writes))
             parquet_alone = store_alone(home / "alone", messages, sizes)
+            compaction = compaction_figures(home / "store", config.edges_topic)
         finally:
             stack.down()
 
@@ -179,6 +214,7 @@ def main() -> None:
         "graph_speedup_vs_baseline": round(graph_rate / graph_baseline, 2),
         "baseline_parquet_edges_per_s": round(parquet_baseline),
         "parquet_ratio_vs_plain_files": round(parquet_alone / parquet_baseline, 3),
+        **compaction,
         "targets": {"graph_edges_per_s": 20000, "parquet_edges_per_s": 200000, "bytes_per_edge": 16},
     }))
 
