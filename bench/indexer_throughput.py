@@ -113,15 +113,13 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
     from pyspark.sql import functions as F
 
     from headwater.demo.run import spark_session
-    from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact
+    from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact, snapshot
     from headwater.indexer.generation import Generation
-    from headwater.indexer.store import EdgeStore
 
     spark = spark_session("headwater-bench-compaction")
     try:
         manifest = compact(spark, store_dir, topic, say=lambda s: print(s, file=sys.stderr, flush=True))
-        files = [str(p) for folder in sorted((store_dir / topic).glob("partition=*"))
-                 for p in EdgeStore(folder).files()]
+        _, files, _ = snapshot(store_dir, topic)
         started = time.monotonic()
         (spark.read.schema(STORE_DDL).parquet(*files).withColumn("bucket", F.pmod("dst_set", F.lit(BUCKETS)))
          .repartition("bucket").sortWithinPartitions("dst_set", "dst")

@@ -95,21 +95,15 @@ class CompactionBusy(RuntimeError):
     """Another compaction of the same topic is running."""
 
 
-def _shards(store_dir: Path, topic: str) -> dict[int, EdgeStore]:
-    found = {}
-    for folder in sorted((store_dir / topic).glob("partition=*")):
-        found[int(folder.name.split("=", 1)[1])] = EdgeStore(folder, SHARD_BUCKETS)
-    return found
-
-
-def _snapshot(shards: dict[int, EdgeStore]) -> tuple[dict[int, list[str]], list[str], list[str]]:
-    """What each shard has committed now: range names, edge files, rows-record files."""
+def snapshot(store_dir: Path, topic: str) -> tuple[dict[int, list[str]], list[str], list[str]]:
+    """What each shard of ``topic`` has committed now: range names by partition, edge files, rows-record files."""
     covers, edge_files, row_files = {}, [], []
-    for partition, store in shards.items():
+    for folder in sorted((Path(store_dir) / topic).glob("partition=*")):
+        store = EdgeStore(folder, SHARD_BUCKETS)
         names = store.committed()
-        covers[partition] = names
+        covers[int(folder.name.split("=", 1)[1])] = names
         edge_files += [str(p) for p in store.files()]
-        row_files += [str(p) for p in (store.root / "rows").glob("*.parquet") if p.name[: -len(".parquet")] in names]
+        row_files += [str(p) for p in store.record_files("rows", names)]
     return covers, edge_files, row_files
 
 
@@ -156,7 +150,7 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CompactionBusy(f"another compaction of {topic} is running (lock {root / '.lock'})") from None
-        covers, edge_files, row_files = _snapshot(_shards(store_dir, topic))
+        covers, edge_files, row_files = snapshot(store_dir, topic)
         if not edge_files:
             raise ValueError(f"nothing to compact: no committed edges under {store_dir / topic}")
         say(f"compacting {sum(map(len, covers.values()))} writes of {len(covers)} shards "

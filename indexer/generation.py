@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from .store import STORE_SCHEMA, bucket_of
+from .store import STORE_SCHEMA, bucket_of, with_src_sets
 
 CURRENT = "CURRENT"
 TMP_MARK = ".tmp-"
@@ -132,8 +132,7 @@ class Generation:
                 parts.append(ds.dataset(folder, format="parquet", schema=STORE_SCHEMA).to_table(
                     filter=pc.field("dst_set").isin(wanted)))
         table = pa.concat_tables(parts) if parts else STORE_SCHEMA.empty_table()
-        return table.set_column(table.schema.get_field_index("src_set"), "src_set",
-                                pc.coalesce(table["src_set"], table["dst_set"]))
+        return with_src_sets(table)
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.rglob("*.parquet"))

@@ -40,20 +40,20 @@ def shard_root(store_dir: str | Path, topic: str, partition: int) -> Path:
     return Path(store_dir) / topic / f"partition={partition}"
 
 
-def datasets_of(nodes: pa.Table, *rid_arrays: np.ndarray) -> list[np.ndarray]:
-    """The dataset of each rid of each array, from the nodes of the same messages (every edge's ends are among them)."""
+def dataset_lookup(nodes: pa.Table) -> Callable[[np.ndarray], np.ndarray]:
+    """A function giving the dataset of each rid, from the nodes of the same messages (every edge's ends are among them)."""
     node_rids = nodes["rid"].to_numpy()
     order = np.argsort(node_rids, kind="stable")
     datasets = np.asarray(nodes["dataset"].fill_null("").to_numpy(zero_copy_only=False), dtype=object)
-    found = []
-    for rids in rid_arrays:
+
+    def datasets_of(rids: np.ndarray) -> np.ndarray:
         at = order[np.minimum(np.searchsorted(node_rids, rids, sorter=order), len(order) - 1)] \
             if len(order) else np.zeros(len(rids), dtype=np.int64)
         if len(rids) and (not len(order) or not np.array_equal(node_rids[at], rids)):
             missing = rids[~np.isin(rids, node_rids)][:3].tolist()
             raise ValueError(f"edges name rows their message does not describe, e.g. rids {missing}")
-        found.append(datasets[at])
-    return found
+        return datasets[at]
+    return datasets_of
 
 
 def static_datasets(nodes: pa.Table) -> set[str]:
@@ -95,7 +95,8 @@ class Shard:
         """
         src = edges["src"].to_numpy()
         dst = edges["dst"].to_numpy()
-        src_ds, dst_ds = datasets_of(nodes, src, dst)
+        datasets_of = dataset_lookup(nodes)
+        src_ds, dst_ds = datasets_of(src), datasets_of(dst)
         cut = self._new_cut(static_datasets(nodes), src_ds, dst_ds)
         self.index.cut |= cut
         try:
@@ -107,7 +108,7 @@ class Shard:
             table = edges.append_column("src_set", pa.array(recorded.src_set, pa.int64())) \
                          .append_column("dst_set", pa.array(recorded.dst_set, pa.int64()))
             written = self.store.append(table, self.topic, self.partition, first, last,
-                                        _records(recorded, datasets_of(nodes, recorded.new_rows)[0], cut),
+                                        _records(recorded, datasets_of(recorded.new_rows), cut),
                                         before_commit)
         except BaseException:
             self.index.undo(recorded)

@@ -54,6 +54,12 @@ def bucket_of(sets: np.ndarray, buckets: int) -> np.ndarray:
     return np.mod(np.asarray(sets, dtype=np.int64), buckets)
 
 
+def with_src_sets(table: pa.Table) -> pa.Table:
+    """``src_set`` filled in again where the files leave it null (equal to ``dst_set``)."""
+    return table.set_column(table.schema.get_field_index("src_set"), "src_set",
+                            pc.coalesce(table["src_set"], table["dst_set"]))
+
+
 class EdgeStore:
     def __init__(self, root: str | Path, buckets: int = 64):
         self.root = Path(root)
@@ -147,13 +153,16 @@ class EdgeStore:
         table = pa.concat_tables(pq.read_table(p, schema=STORE_SCHEMA) for p in paths)
         if sets is not None:
             table = table.filter(pc.is_in(table["dst_set"], pa.array(list(sets), pa.int64())))
-        return table.set_column(table.schema.get_field_index("src_set"), "src_set",
-                                pc.coalesce(table["src_set"], table["dst_set"]))
+        return with_src_sets(table)
+
+    def record_files(self, kind: str, committed=None) -> list[Path]:
+        """The committed files of one ``RECORDS`` kind (of the range names ``committed``, when given), in commit order."""
+        done = set(self.committed() if committed is None else committed)
+        return sorted(p for p in (self.root / kind).glob("*.parquet") if p.name[: -len(".parquet")] in done)
 
     def records(self, kind: str) -> pa.Table | None:
         """Every committed table of one ``RECORDS`` kind, in commit order; None if there is none."""
-        done = set(self.committed())
-        paths = sorted(p for p in (self.root / kind).glob("*.parquet") if p.name[: -len(".parquet")] in done)
+        paths = self.record_files(kind)
         return pa.concat_tables(pq.read_table(p) for p in paths) if paths else None
 
     def size_bytes(self) -> int:
