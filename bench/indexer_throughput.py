@@ -17,6 +17,9 @@ topic, then runs the indexer until it has caught up. Figures:
   the whole store, with the rid → set index, aliases and dependencies;
 - ``compaction_edges_per_s``: ``headwater compact`` over the whole store (two shards)
   on local Spark, with ``generation_bytes_per_edge``, ``sets`` and ``largest_set``;
+  ``recompaction_seconds``: a second compaction, from the first generation with
+  nothing new, after which the shards drop what the first holds
+  (``shard_bytes_per_edge_before_drop``/``…_after_drop``: the shards' files on disk);
 - baselines from the same run, so the ratios hold on a noisy machine: graph writes as
   the indexer made them before batching (one per message, 2,000 rows per statement) on
   ``--baseline-edges`` of the edges, and plain Parquet files of the same edges (no sets,
@@ -113,8 +116,8 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
     from pyspark.sql import functions as F
 
     from headwater.demo.run import spark_session
-    from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact, snapshot
-    from headwater.indexer.generation import Generation
+    from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact
+    from headwater.indexer.generation import Generation, snapshot
 
     spark = spark_session("headwater-bench-compaction")
     try:
@@ -125,14 +128,22 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
          .repartition("bucket").sortWithinPartitions("dst_set", "dst")
          .write.option("compression", "zstd").partitionBy("bucket").parquet(str(store_dir / "copy")))
         copy_seconds = time.monotonic() - started
+        size = Generation.current(store_dir, topic).size_bytes()
+        # Again, on the first generation (nothing new): the shards then drop what it holds.
+        shard_bytes = sum(p.stat().st_size for p in (store_dir / topic).glob("partition=*/**/*") if p.is_file())
+        again = compact(spark, store_dir, topic, say=lambda s: print(s, file=sys.stderr, flush=True))
+        shard_bytes_after = sum(p.stat().st_size for p in (store_dir / topic).glob("partition=*/**/*")
+                                if p.is_file())
     finally:
         spark.stop()
-    size = Generation.current(store_dir, topic).size_bytes()
     return {"compaction_seconds": manifest["seconds"],
             "compaction_edges_per_s": round(manifest["edges"] / manifest["seconds"]),
             "generation_bytes_per_edge": round(size / manifest["edges"], 2),
             "sets": manifest["sets"], "largest_set": manifest["largest_set"],
             "set_dependencies": manifest["dependencies"],
+            "recompaction_seconds": again["seconds"],
+            "shard_bytes_per_edge_before_drop": round(shard_bytes / manifest["edges"], 2),
+            "shard_bytes_per_edge_after_drop": round(shard_bytes_after / manifest["edges"], 2),
             "baseline_copy_seconds": round(copy_seconds, 3),
             "compaction_ratio_vs_copy": round(manifest["seconds"] / copy_seconds, 2)}
 

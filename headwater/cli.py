@@ -168,7 +168,7 @@ def parse_source(text: str) -> int:
 
 
 def _query(ctx: click.Context, direction: str, rid: int | None, source: str | None, to: str, depth: int,
-           payload: bool) -> None:
+           payload: bool, backend: str) -> None:
     from headwater.adapters.graph import GraphUnavailable
     from headwater.query.api import LineageClient
     from headwater.query.backend import LineageError
@@ -180,7 +180,7 @@ def _query(ctx: click.Context, direction: str, rid: int | None, source: str | No
     except click.BadParameter as exc:
         _fail(exc.message)
     try:
-        with LineageClient(configuration.load(_home(ctx))) as client:
+        with LineageClient(configuration.load(_home(ctx)), backend=backend) as client:
             found = getattr(client, direction)(start, to=to, depth=depth, payload=payload)
     except (LineageError, GraphUnavailable) as exc:
         _fail(str(exc))
@@ -196,9 +196,11 @@ def _lineage_command(direction: str, default_to: str, summary: str) -> None:
     @click.option("--to", default=default_to, show_default=True, help=f"{default_to}, or a dataset name.")
     @click.option("--depth", type=int, default=16, show_default=True)
     @click.option("--payload", is_flag=True, help="Add the original source records.")
+    @click.option("--backend", type=click.Choice(["cypher", "csprov", "rq"]), default="cypher", show_default=True,
+                  help="The graph store (cypher), or the Parquet store by connected sets (csprov) or whole (rq).")
     @click.pass_context
-    def command(ctx, rid, source, to, depth, payload) -> None:
-        _query(ctx, direction, rid, source, to, depth, payload)
+    def command(ctx, rid, source, to, depth, payload, backend) -> None:
+        _query(ctx, direction, rid, source, to, depth, payload, backend)
 
     command.__doc__ = summary
     lineage.command(direction)(command)

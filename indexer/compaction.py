@@ -2,7 +2,8 @@
 
 The indexer keeps sets per shard (one edges partition) and never rewrites a file, so
 between compactions sets that meet across shards stay apart and merges pile up
-aliases. ``compact`` reads every shard's committed edges and rows and:
+aliases. ``compact`` reads the current generation and what every shard committed
+since (``generation.snapshot``), and:
 
 1. finds the weakly connected components of the whole graph (``components``, below);
 2. keeps each component of at most ``threshold`` rows as one set, and splits each
@@ -39,8 +40,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import generation, metrics
+from .generation import snapshot
 from .shard import BUCKETS as SHARD_BUCKETS
-from .store import EdgeStore
+from .shard import ROW_FIELDS, ROWS_SCHEMA, shard_root
+from .store import IDENTITY, EdgeStore
 
 THRESHOLD = 100_000  # most rows a set holds, unless it lies in one dataset (CSProv's λ)
 BUCKETS = 64  # edge buckets of a generation
@@ -48,6 +51,9 @@ EDGE_COLUMNS = ("src", "dst", "query", "batch", "op", "exact", "cols")
 # store.STORE_SCHEMA in Spark's words
 STORE_DDL = ("src bigint, dst bigint, query string, batch bigint, op int, exact boolean, cols bigint, "
              "src_set bigint, dst_set bigint")
+
+ROWS_DDL = ", ".join(f"{f.name} {'int' if f.type == 'int32' else 'bigint' if f.type == 'int64' else 'string'}"
+                     for f in ROWS_SCHEMA)
 
 MAX_ROUNDS = 64  # each round at least halves the distance to the minimum: 2**64 nodes
 
@@ -95,16 +101,17 @@ class CompactionBusy(RuntimeError):
     """Another compaction of the same topic is running."""
 
 
-def snapshot(store_dir: Path, topic: str) -> tuple[dict[int, list[str]], list[str], list[str]]:
-    """What each shard of ``topic`` has committed now: range names by partition, edge files, rows-record files."""
-    covers, edge_files, row_files = {}, [], []
-    for folder in sorted((Path(store_dir) / topic).glob("partition=*")):
-        store = EdgeStore(folder, SHARD_BUCKETS)
-        names = store.committed()
-        covers[int(folder.name.split("=", 1)[1])] = names
-        edge_files += [str(p) for p in store.files()]
-        row_files += [str(p) for p in store.record_files("rows", names)]
-    return covers, edge_files, row_files
+def drop_covered(store_dir: Path, topic: str, covers: dict[int, dict], say: Callable[[str], None]) -> int:
+    """Drop the shards' ranges that a kept generation's ``covers`` hold; returns the bytes freed."""
+    ranges = freed = 0
+    for partition, covered in covers.items():
+        store = EdgeStore(shard_root(store_dir, topic, partition), SHARD_BUCKETS)
+        if (store.root / IDENTITY).exists() and store.identity() == covered["store"]:
+            r, b = store.drop(topic, partition, int(covered["next"]))
+            ranges, freed = ranges + r, freed + b
+    if ranges:
+        say(f"dropped {ranges} shard ranges ({freed / 1e6:.1f} MB) that generations hold")
+    return freed
 
 
 def _split_large(threshold: int):
@@ -140,7 +147,13 @@ def connected_sets(edges: DataFrame, rows: DataFrame, threshold: int) -> DataFra
 
 def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: int = THRESHOLD,
             buckets: int = BUCKETS, say: Callable[[str], None] = lambda _: None) -> dict:
-    """Recompute the connected sets of every shard of ``topic`` and switch to them; returns the manifest."""
+    """Recompute the connected sets of ``topic`` and switch to them; returns the manifest.
+
+    The input is the current generation and what the shards committed since it (its
+    covers). Once the new generation is current, the shards drop the ranges the
+    generation before it holds: that one is kept for readers still in it, and holds
+    them too.
+    """
     started = time.monotonic()
     store_dir = Path(store_dir)
     root = generation.compacted_root(store_dir, topic)
@@ -150,15 +163,26 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CompactionBusy(f"another compaction of {topic} is running (lock {root / '.lock'})") from None
-        covers, edge_files, row_files = snapshot(store_dir, topic)
+        previous = generation.Generation.current(store_dir, topic)
+        covers, edge_files, row_files = snapshot(store_dir, topic, previous.covers() if previous else None,
+                                                 create=True)
+        say(f"compacting {len(edge_files)} new edge files of {len(covers)} shards"
+            + (f" onto generation {previous.number}" if previous else ""))
+        # A shard set aside and rebuilt from its partition's start (``Indexer.set_aside``) may
+        # hold edges the previous generation holds too (from its store before): kept once.
+        rebuilt = sorted(p for p, held in (previous.covers() if previous else {}).items()
+                         if p in covers and covers[p]["store"] != held["store"])
+        if previous:
+            edge_files += previous.edge_files()
+            row_files += previous.row_files()
+        if rebuilt:
+            say(f"shards {rebuilt} were rebuilt since generation {previous.number}: keeping one copy of each edge")
         if not edge_files:
             raise ValueError(f"nothing to compact: no committed edges under {store_dir / topic}")
-        say(f"compacting {sum(map(len, covers.values()))} writes of {len(covers)} shards "
-            f"({len(edge_files)} edge files)")
         number = generation.next_number(root)
         tmp = root / f"gen={number}{generation.TMP_MARK}{os.getpid()}"
         try:
-            manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say)
+            manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say, distinct=bool(rebuilt))
             manifest.update(generation=number, topic=topic, covers={str(p): n for p, n in covers.items()},
                             threshold=threshold, buckets=buckets,
                             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -169,17 +193,20 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         generation.switch(root, number)
-    metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
-    say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
-        f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
-    return manifest
+        metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
+        say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
+            f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
+        freed = drop_covered(store_dir, topic, previous.covers(), say) if previous else 0
+    return {**manifest, "dropped_bytes": freed}
 
 
 def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out: Path, threshold: int,
-           buckets: int, say: Callable[[str], None]) -> dict:
-    edges = spark.read.schema(STORE_DDL).parquet(*edge_files).select(*EDGE_COLUMNS).localCheckpoint()
-    rows = (spark.read.schema("rid bigint, set bigint, dataset string").parquet(*row_files)
-            .groupBy("rid").agg(F.first("dataset", ignorenulls=True).alias("dataset")))
+           buckets: int, say: Callable[[str], None], distinct: bool = False) -> dict:
+    edges = spark.read.schema(STORE_DDL).parquet(*edge_files).select(*EDGE_COLUMNS)
+    edges = (edges.distinct() if distinct else edges).localCheckpoint()
+    # A rid recorded more than once (by two shards, or again after a drop) is one row.
+    rows = (spark.read.schema(ROWS_DDL).parquet(*row_files)
+            .groupBy("rid").agg(*[F.first(name, ignorenulls=True).alias(name) for name in ROW_FIELDS]))
     sets = connected_sets(edges, rows, threshold).localCheckpoint()
     say("sets found; writing the generation")
     src_sets = sets.select(F.col("rid").alias("src"), F.col("set").alias("src_set"))
@@ -190,7 +217,7 @@ def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out
      .withColumn("bucket", F.pmod("dst_set", F.lit(buckets)))
      .repartition("bucket").sortWithinPartitions("dst_set", "dst")
      .write.option("compression", "zstd").partitionBy("bucket").parquet(str(out / "edges")))
-    indexed = sets.join(rows, "rid", "left")
+    indexed = sets.join(rows, "rid", "left").select("rid", "set", *ROW_FIELDS)
     (indexed.repartitionByRange(max(1, spark.sparkContext.defaultParallelism), "rid").sortWithinPartitions("rid")
      .write.option("compression", "zstd").parquet(str(out / "rows")))
     dependencies = (placed.where(F.col("src_set") != F.col("dst_set")).select("src_set", "dst_set").distinct())

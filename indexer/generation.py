@@ -5,9 +5,10 @@ an edges topic and writes them as one generation:
 
     <store_dir>/<topic>/compacted/gen=<N>/
         edges/bucket=B/*.parquet   the edges, B = dst set mod buckets, sorted by (dst set, dst)
-        rows/*.parquet             rid → set (and dataset), sorted by rid
+        rows/*.parquet             rid → set, with the row's kind, dataset and coordinates, sorted by rid
         dependencies/*.parquet     (src set, dst set) of the edges that cross sets
-        manifest.json              what it covers (each shard's committed ranges), sizes, duration
+        manifest.json              what it covers (by shard: its store id, the offset below
+                                   which the generation holds its ranges), sizes, duration
     <store_dir>/<topic>/compacted/CURRENT   {"generation": N}
 
 A generation is written under a temporary name and renamed whole; ``CURRENT`` is then
@@ -33,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from .store import STORE_SCHEMA, bucket_of, with_src_sets
+from .shard import BUCKETS as SHARD_BUCKETS
+from .store import STORE_SCHEMA, EdgeStore, bucket_of, parse_range, with_src_sets
 
 CURRENT = "CURRENT"
 TMP_MARK = ".tmp-"
@@ -74,6 +76,37 @@ def switch(root: Path, number: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def snapshot(store_dir: Path, topic: str, previous: dict[int, dict] | None = None, create: bool = False
+             ) -> tuple[dict[int, dict], list[str], list[str]]:
+    """What each shard of ``topic`` has committed now that the ``previous`` generation's covers do not hold.
+
+    Returns the covers of a generation built from both (by partition: the shard's store
+    id and the offset below which the generation holds its ranges), and the new
+    ranges' edge files and rows-record files. A shard that is not the store the
+    previous generation covered (set aside and rebuilt) is taken whole. ``create``: give
+    a shard that has no store id yet one (compaction does, to cover it; readers do not).
+    """
+    covers, edge_files, row_files = {}, [], []
+    for folder in sorted((Path(store_dir) / topic).glob("partition=*")):
+        partition = int(folder.name.split("=", 1)[1])
+        store = EdgeStore(folder, SHARD_BUCKETS)
+        store_id = store.identity(create=create)
+        before = (previous or {}).get(partition, {})
+        held = int(before["next"]) if before.get("store") == store_id else 0
+        dropped = store.compacted().get((topic, partition), 0)
+        if dropped > held:
+            raise RuntimeError(f"shard {folder} dropped its ranges below offset {dropped}, which a compacted "
+                               f"generation held, but the current generation does not hold them: "
+                               f"restore {compacted_root(store_dir, topic)} from a backup")
+        ends = {name: parse_range(name)[3] for name in store.committed()}
+        names = [name for name, last in ends.items() if last >= held]
+        covers[partition] = {"store": store_id, "next": max([held] + [ends[name] + 1 for name in names])}
+        new = set(names)
+        edge_files += [str(p) for p in store.files() if p.name[: -len(".parquet")] in new]
+        row_files += [str(p) for p in store.record_files("rows", names)]
+    return covers, edge_files, row_files
+
+
 class Generation:
     """One compacted generation, read with pyarrow."""
 
@@ -89,9 +122,19 @@ class Generation:
         number = current_number(root)
         return None if number is None else cls(generation_dir(root, number))
 
-    def covers(self) -> dict[int, list[str]]:
-        """Each shard's committed ranges (store range names) the generation holds, by partition."""
-        return {int(p): names for p, names in self.manifest["covers"].items()}
+    @property
+    def number(self) -> int:
+        return int(self.manifest["generation"])
+
+    def covers(self) -> dict[int, dict]:
+        """By partition: ``{"store": the shard's store id, "next": the offset below which the generation holds its ranges}``."""
+        return {int(p): covered for p, covered in self.manifest["covers"].items()}
+
+    def edge_files(self) -> list[str]:
+        return [str(p) for p in sorted(self.path.glob("edges/bucket=*/*.parquet"))]
+
+    def row_files(self) -> list[str]:
+        return [str(p) for p in sorted(self.path.glob("rows/*.parquet"))]
 
     def set_of(self, rids) -> dict[int, int]:
         """The set of each of ``rids`` that the generation holds."""
@@ -99,6 +142,11 @@ class Generation:
         table = ds.dataset(self.path / "rows", format="parquet").to_table(
             columns=["rid", "set"], filter=pc.field("rid").isin(wanted))
         return dict(zip(table["rid"].to_pylist(), table["set"].to_pylist()))
+
+    def rows(self, rids) -> pa.Table:
+        """The rows records (``shard.ROWS_SCHEMA``) of those of ``rids`` the generation holds."""
+        wanted = pa.array(sorted(set(int(r) for r in rids)), pa.int64())
+        return ds.dataset(self.path / "rows", format="parquet").to_table(filter=pc.field("rid").isin(wanted))
 
     def dependencies(self) -> pa.Table:
         if self._dependencies is None:

@@ -11,6 +11,12 @@ rebuilds the set index from what the store committed.
 start (they join no sets, and are recorded as set dependencies instead), which is the
 split ``sets.connected_sets`` makes of such a hub. The pairs cut are recorded beside
 the other set-index records, so a restart cuts the same ones.
+
+Once a compaction drops the ranges a generation holds (``EdgeStore.drop``), the next
+write rebuilds the set index from the ranges left: the index holds the rows of what
+no generation holds yet, not every row the stream ever had. A row seen again after
+that gets a rows record in a second set; a reader of the shard takes every rows
+record of a rid (the sets it names are all the row's).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headwater.core.schema import NODE_SCHEMA
+
 from .set_index import Recorded, SetIndex
 from .store import EdgeStore
 
@@ -29,8 +37,11 @@ from .store import EdgeStore
 # buckets mean bigger files (on the bench workload, 8 buckets: 11.7 bytes per edge in
 # the edge files at 198,000 edges/s; 64 buckets: 18.2 bytes at 85,000 edges/s).
 BUCKETS = 8
-# A row's dataset is kept with its set: compaction splits large components along datasets.
-ROWS_SCHEMA = pa.schema([("rid", pa.int64()), ("set", pa.int64()), ("dataset", pa.string())])
+# A row's dataset is kept with its set (compaction splits large components along
+# datasets), and what the query tier answers with: its kind and where it came from.
+ROW_FIELDS = ("kind", "dataset", "topic", "partition", "offset", "key", "path", "position")
+ROWS_SCHEMA = pa.schema([pa.field("rid", pa.int64()), pa.field("set", pa.int64())]
+                        + [NODE_SCHEMA.field(name).with_nullable(True) for name in ROW_FIELDS])
 ALIASES_SCHEMA = pa.schema([("old", pa.int64()), ("new", pa.int64())])
 DEPENDENCIES_SCHEMA = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64())])
 CUT_SCHEMA = pa.schema([("src_dataset", pa.string()), ("dst_dataset", pa.string())])
@@ -40,20 +51,33 @@ def shard_root(store_dir: str | Path, topic: str, partition: int) -> Path:
     return Path(store_dir) / topic / f"partition={partition}"
 
 
-def dataset_lookup(nodes: pa.Table) -> Callable[[np.ndarray], np.ndarray]:
-    """A function giving the dataset of each rid, from the nodes of the same messages (every edge's ends are among them)."""
-    node_rids = nodes["rid"].to_numpy()
-    order = np.argsort(node_rids, kind="stable")
-    datasets = np.asarray(nodes["dataset"].fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+class NodeLookup:
+    """The rows of one write's messages (every edge's ends are among them), found by rid."""
 
-    def datasets_of(rids: np.ndarray) -> np.ndarray:
+    def __init__(self, nodes: pa.Table):
+        self.nodes = nodes
+        self._rids = nodes["rid"].to_numpy()
+        self._order = np.argsort(self._rids, kind="stable")
+        self._datasets = np.asarray(nodes["dataset"].fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+
+    def positions(self, rids: np.ndarray) -> np.ndarray:
+        order, node_rids = self._order, self._rids
         at = order[np.minimum(np.searchsorted(node_rids, rids, sorter=order), len(order) - 1)] \
             if len(order) else np.zeros(len(rids), dtype=np.int64)
         if len(rids) and (not len(order) or not np.array_equal(node_rids[at], rids)):
             missing = rids[~np.isin(rids, node_rids)][:3].tolist()
             raise ValueError(f"edges name rows their message does not describe, e.g. rids {missing}")
-        return datasets[at]
-    return datasets_of
+        return at
+
+    def datasets(self, rids: np.ndarray) -> np.ndarray:
+        return self._datasets[self.positions(rids)]
+
+    def rows(self, rids: np.ndarray, sets: np.ndarray) -> pa.Table:
+        """Rows records: each rid's set and its ``ROW_FIELDS``."""
+        found = self.nodes.take(pa.array(self.positions(rids), pa.int64()))
+        columns = [pa.array(rids, pa.int64()), pa.array(sets, pa.int64())]
+        return pa.table(columns + [found[name].cast(ROWS_SCHEMA.field(name).type) for name in ROW_FIELDS],
+                        schema=ROWS_SCHEMA)
 
 
 def static_datasets(nodes: pa.Table) -> set[str]:
@@ -68,10 +92,12 @@ class Shard:
         self.store = EdgeStore(root, buckets)
         self.index = SetIndex()
         self.resume = 0  # the next offset the store does not hold
+        self._compacted = None  # the store's compacted_stamp the index was built at
 
     def open(self) -> "Shard":
         """Recover the store after a crash and rebuild the set index from its records."""
         self.resume = self.store.recover().get((self.topic, self.partition), 0)
+        self._compacted = self.store.compacted_stamp()
         self.index = self._restored()
         return self
 
@@ -93,10 +119,13 @@ class Shard:
         ``before_commit`` raises), the set index is put back as it was, so it never runs
         ahead of what the store committed.
         """
+        stamp = self.store.compacted_stamp()
+        if stamp != self._compacted:  # a compaction dropped ranges: forget their rows
+            self.index, self._compacted = self._restored(), stamp
         src = edges["src"].to_numpy()
         dst = edges["dst"].to_numpy()
-        datasets_of = dataset_lookup(nodes)
-        src_ds, dst_ds = datasets_of(src), datasets_of(dst)
+        lookup = NodeLookup(nodes)
+        src_ds, dst_ds = lookup.datasets(src), lookup.datasets(dst)
         cut = self._new_cut(static_datasets(nodes), src_ds, dst_ds)
         self.index.cut |= cut
         try:
@@ -108,7 +137,7 @@ class Shard:
             table = edges.append_column("src_set", pa.array(recorded.src_set, pa.int64())) \
                          .append_column("dst_set", pa.array(recorded.dst_set, pa.int64()))
             written = self.store.append(table, self.topic, self.partition, first, last,
-                                        _records(recorded, datasets_of(recorded.new_rows), cut),
+                                        _records(recorded, lookup, cut),
                                         before_commit)
         except BaseException:
             self.index.undo(recorded)
@@ -125,14 +154,14 @@ class Shard:
         return pairs - self.index.cut
 
 
-def _records(recorded: Recorded, new_row_datasets: np.ndarray, cut: set[tuple[str, str]]) -> dict[str, pa.Table]:
+def _records(recorded: Recorded, lookup: NodeLookup, cut: set[tuple[str, str]]) -> dict[str, pa.Table]:
     def table(columns, schema: pa.Schema) -> pa.Table:
         return pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)
 
     # Aliases sorted by the set they joined: a merge's many absorbed sets share one ``new``.
     order = np.lexsort((recorded.absorbed, recorded.absorbed_into))
     pairs = sorted(cut)
-    return {"rows": table([recorded.new_rows, recorded.new_sets, new_row_datasets], ROWS_SCHEMA),
+    return {"rows": lookup.rows(recorded.new_rows, recorded.new_sets),
             "aliases": table([recorded.absorbed[order], recorded.absorbed_into[order]], ALIASES_SCHEMA),
             "dependencies": table([recorded.dependencies_array[:, 0], recorded.dependencies_array[:, 1]],
                                   DEPENDENCIES_SCHEMA),

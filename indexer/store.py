@@ -5,6 +5,9 @@ Layout under the store's root:
     edges/bucket=B/<topic>~<partition>~<first>~<last>.parquet
     rows/…, aliases/…, dependencies/…  (the set index's records, same names)
     commits/<topic>~<partition>~<first>~<last>.json
+    store.json       this store's id (a shard set aside and rebuilt is a new store) and buckets
+    compacted.json   per partition, the offset below which a compacted generation holds
+                     the edges and the ranges were dropped here (``drop``)
 
 One ``append`` holds the edges of Kafka messages ``first..last`` of one partition. Its
 rows go to the buckets of their dst sets (``B = dst_set mod buckets``), sorted by
@@ -13,6 +16,8 @@ rest. Each file is written under a temporary name and renamed; the commit file, 
 last, is what makes the range part of the store. ``recover`` deletes bucket files
 without a commit (a write cut short) and returns, per partition, the offset to resume
 from; a restarted indexer seeks there, so a crash anywhere writes no edge twice.
+Ranges a compacted generation holds are dropped (``drop``); ``compacted.json`` keeps
+where they ended, so the store still resumes past them.
 
 ``src_set`` is stored only where it differs from ``dst_set`` (null otherwise): most
 edges stay inside a set, and a null costs a bit, not 8 bytes.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +43,8 @@ STORE_SCHEMA = pa.schema(list(EDGE_SCHEMA) + [pa.field("src_set", pa.int64()),
 _SEP = "~"
 # What the set index records beside the edges, committed with them (``set_index.Recorded``).
 RECORDS = ("rows", "aliases", "dependencies", "cut")
+IDENTITY = "store.json"
+COMPACTED = "compacted.json"
 
 
 def range_name(topic: str, partition: int, first: int, last: int) -> str:
@@ -60,6 +68,10 @@ def with_src_sets(table: pa.Table) -> pa.Table:
                             pc.coalesce(table["src_set"], table["dst_set"]))
 
 
+def _key(topic: str, partition: int) -> str:
+    return f"{topic}{_SEP}{partition}"
+
+
 class EdgeStore:
     def __init__(self, root: str | Path, buckets: int = 64):
         self.root = Path(root)
@@ -75,6 +87,27 @@ class EdgeStore:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
+    def identity(self, create: bool = True) -> str | None:
+        """This store's id, made on first use (by whichever process gets there first); None if none yet and not ``create``."""
+        path = self.root / IDENTITY
+        if not path.exists():
+            if not create:
+                return None
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{IDENTITY}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"id": uuid.uuid4().hex, "buckets": self.buckets}))
+            try:
+                os.link(tmp, path)  # fails if another process made it first: then that one holds
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        found = json.loads(path.read_text())
+        if found["buckets"] != self.buckets:
+            raise ValueError(f"the store {self.root} was written with {found['buckets']} buckets, "
+                             f"not {self.buckets}")
+        return found["id"]
+
     def append(self, edges: pa.Table, topic: str, partition: int, first: int, last: int,
                records: dict[str, pa.Table] | None = None, before_commit: Callable[[], None] | None = None) -> int:
         """Add the edges of messages ``first..last`` of ``topic``/``partition``; returns the bytes written.
@@ -88,8 +121,9 @@ class EdgeStore:
         unknown = set(records or {}) - set(RECORDS)
         if unknown:
             raise ValueError(f"unknown record kind {sorted(unknown)}; known: {', '.join(RECORDS)}")
-        if (self.commits / f"{name}.json").exists():
-            return 0  # already in the store: a replay after a crash
+        if (self.commits / f"{name}.json").exists() or last < self.compacted().get((topic, partition), 0):
+            return 0  # already in the store (a replay after a crash), or in a compacted generation
+        self.identity()
         table = edges.select(STORE_SCHEMA.names).cast(STORE_SCHEMA)
         table = table.set_column(table.schema.get_field_index("src_set"), "src_set",
                                  pc.if_else(pc.equal(table["src_set"], table["dst_set"]),
@@ -128,11 +162,53 @@ class EdgeStore:
                 path.unlink(missing_ok=True)
         for path in self.commits.glob(".*.tmp"):
             path.unlink(missing_ok=True)
-        resume: dict = {}
+        resume = self.compacted()
         for name in done:
             topic, partition, _, last = parse_range(name)
             resume[(topic, partition)] = max(resume.get((topic, partition), 0), last + 1)
         return resume
+
+    def compacted(self) -> dict[tuple[str, int], int]:
+        """Per (topic, partition): the offset below which ranges were dropped (a generation holds them)."""
+        try:
+            found = json.loads((self.root / COMPACTED).read_text())
+        except FileNotFoundError:
+            return {}
+        return {(key.rsplit(_SEP, 1)[0], int(key.rsplit(_SEP, 1)[1])): int(below) for key, below in found.items()}
+
+    def compacted_stamp(self) -> int | None:
+        """Changes whenever ``drop`` drops something: the set index is rebuilt then."""
+        try:
+            return (self.root / COMPACTED).stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    def drop(self, topic: str, partition: int, below: int) -> tuple[int, int]:
+        """Drop the committed ranges of ``topic``/``partition`` ending below offset ``below``: a generation holds them.
+
+        Where they ended is written first, then each commit file goes, then its data
+        files (a drop cut short leaves files without a commit: ``recover`` removes
+        them). Returns (ranges, bytes) dropped.
+        """
+        compacted = self.compacted()
+        if below <= compacted.get((topic, partition), 0):
+            return 0, 0
+        compacted[(topic, partition)] = below
+        self._write_atomically(self.root / COMPACTED, lambda tmp: tmp.write_text(
+            json.dumps({_key(t, p): b for (t, p), b in sorted(compacted.items())})))
+        ranges = freed = 0
+        for name in self.committed():
+            t, p, _, last = parse_range(name)
+            if (t, p) != (topic, partition) or last >= below:
+                continue
+            (self.commits / f"{name}.json").unlink()
+            ranges += 1
+            for path in [*self.edges.glob(f"bucket=*/{name}.parquet"),
+                         *(self.root / kind / f"{name}.parquet" for kind in RECORDS)]:
+                if path.exists():
+                    freed += path.stat().st_size
+                    path.unlink()
+        return ranges, freed
 
     def files(self, sets=None) -> list[Path]:
         """Committed bucket files; of the buckets of ``sets`` only, when given."""

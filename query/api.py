@@ -13,9 +13,12 @@ from headwater.core.config import Config
 
 from .backend import Lineage
 from .cypher import CypherBackend
+from .parquet import CSProvBackend, RecursiveBackend
 from .payload import attach_payload
 
-BACKENDS = {"cypher": CypherBackend}
+# cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
+# rq: the Parquet store scanned whole at every level (the baseline CSProv is measured against).
+BACKENDS = {"cypher": CypherBackend, "csprov": CSProvBackend, "rq": RecursiveBackend}
 
 
 class LineageClient:

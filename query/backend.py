@@ -31,7 +31,7 @@ class Lineage:
     key: str | None = None
     path: str | None = None
     position: int | None = None
-    ops: list[int] = field(default_factory=list)  # operators on the path (plan IR ids)
+    ops: list[int] = field(default_factory=list)  # operators on the paths to it (plan IR ids), sorted
     # Attribute mask: bit i set when column i of the output row at the path's end
     # derives from this input (TensProv), over all paths; -1 (every column) when unknown.
     cols: int | None = None

@@ -59,9 +59,11 @@ class CypherBackend:
             if item is not None and item.cols != row["cols"]:
                 item.cols = -1 if None in (item.cols, row["cols"]) else item.cols | row["cols"]
             if item is None:
-                found[row["rid"]] = Lineage(of=rid, ops=ops, batches=sorted(set(batches)), exact=exact, **row)
-            else:
+                found[row["rid"]] = Lineage(of=rid, ops=sorted(set(ops)), batches=sorted(set(batches)),
+                                            exact=exact, **row)
+            else:  # another path to the same row: the answer is over every path (query/walk.py)
                 item.exact = item.exact and exact
+                item.ops = sorted(set(item.ops) | set(ops))
                 item.batches = sorted(set(item.batches) | set(batches))
         return sorted(found.values(), key=lambda x: (x.dataset or "", x.topic or "", x.partition or 0,
                                                      x.offset or 0, x.key or "", x.rid))

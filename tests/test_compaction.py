@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import random
+import shutil
 from collections import defaultdict
 
 import numpy as np
@@ -42,9 +43,9 @@ def test_spark_components_equal_numpy_components(spark):
         assert got == dict(zip(rids.tolist(), labels.tolist()))
 
 
-def write_shards(store_dir, topic: str, messages, partitions: int = 2) -> list[tuple[int, int]]:
-    """The messages into ``partitions`` shards, as the indexer writes them; returns the edges."""
-    shards = [Shard(shard_root(store_dir, topic, p), topic, p).open() for p in range(partitions)]
+def write_shards(store_dir, topic: str, messages, partitions: int = 2, shards=None) -> list[tuple[int, int]]:
+    """The messages into ``partitions`` shards (or ``shards``, open), as the indexer writes them; returns the edges."""
+    shards = shards or [Shard(shard_root(store_dir, topic, p), topic, p).open() for p in range(partitions)]
     produced = []
     for i in range(0, len(messages), 3):
         take = messages[i: i + 3]
@@ -71,11 +72,15 @@ def test_compaction_sets_hold_every_lineage_across_shards(spark, tmp_path):
     assert metrics.COMPACTION_SECONDS._sum.get() > before
 
     gen = Generation.current(tmp_path, "t.edges")
-    assert gen.manifest == manifest and set(gen.covers()) == {0, 1}
+    assert {**gen.manifest, "dropped_bytes": 0} == manifest and set(gen.covers()) == {0, 1}
     rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
     set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
     assert len(set_of) == rows.num_rows == len(datasets)  # every row once
     assert dict(zip(rows["rid"].to_pylist(), rows["dataset"].to_pylist())) == datasets
+    fields = ["kind", "topic", "partition", "offset", "key"]  # what lineage answers with
+    described = {r: v for n, _ in messages for r, *v in zip(*[n[c].to_pylist() for c in ["rid"] + fields])}
+    assert {r: v for r, *v in zip(*[rows[c].to_pylist() for c in ["rid"] + fields])} == described
+    assert any(v[2] is not None for v in described.values()) and any(v[4] is not None for v in described.values())
     stored = generation_edges(gen)
     assert sorted(pairs(stored)) == sorted(produced)
     # Every edge lies in its dst's set, and names its src's.
@@ -89,12 +94,16 @@ def test_compaction_sets_hold_every_lineage_across_shards(spark, tmp_path):
     assert max(map(len, members.values())) == manifest["largest_set"] and len(members) == manifest["sets"]
     assert len(members) > 10  # the one component the customers hub makes was split
 
+    check_lineage(gen, produced, sorted(set_of), random.Random(5))
+
+
+def check_lineage(gen: Generation, produced: list[tuple[int, int]], rows: list[int], rng: random.Random) -> None:
+    """For 40 random rows: the edges of the row's set and the sets it depends on (depending on it) are its lineage."""
     up, down = defaultdict(set), defaultdict(set)
     for a, b in produced:
         up[b].add(a)
         down[a].add(b)
-    rng = random.Random(5)
-    for row in rng.sample(sorted(set_of), 40):
+    for row in rng.sample(rows, 40):
         for step, direction in ((up, "backward"), (down, "forward")):
             sets = gen.related_sets({gen.set_of([row])[row]}, direction)
             local = defaultdict(set)
@@ -143,3 +152,57 @@ def test_a_new_generation_replaces_the_current_one_whole(spark, tmp_path):
     assert spark.range(1).count() == 1  # the session was left running
     result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--threshold", "0"], env=env)
     assert result.exit_code == 2 and "at least 1" in result.output
+
+
+@pytest.mark.spark
+def test_compactions_build_on_the_last_generation_and_the_shards_shrink(spark, tmp_path):
+    topic = "t.edges"
+    messages = list(lineage_messages(27_000, seed=7, edges_per_message=1000))
+    shards = [Shard(shard_root(tmp_path, topic, p), topic, p).open() for p in range(2)]  # a running indexer's
+    produced = write_shards(tmp_path, topic, messages[:12], shards=shards)
+    first = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    assert first["dropped_bytes"] == 0  # no generation before it: the shards keep everything
+    assert {p: c["next"] for p, c in first["covers"].items()} == {"0": 6, "1": 6}
+
+    produced += write_shards(tmp_path, topic, messages[12:21], shards=shards)
+    indexed = [len(s.index.parent) for s in shards]
+    size = sum(s.store.size_bytes() for s in shards)
+    second = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    gen = Generation.current(tmp_path, topic)
+    assert sorted(pairs(generation_edges(gen))) == sorted(produced)  # the first generation and the new ranges
+    # The ranges the first generation holds (kept: a reader may be in it) are gone from the shards.
+    assert second["dropped_bytes"] > 0 and sum(s.store.size_bytes() for s in shards) < size
+    for shard in shards:
+        assert all(int(name.split("~")[3]) >= 6 for name in shard.store.committed())
+        reopened = Shard(shard.store.root, topic, shard.partition).open()
+        assert reopened.resume == shard.resume  # it resumes past what was dropped
+        rows = reopened.store.records("rows")
+        assert set(reopened.index.parent) >= set(rows["rid"].to_pylist())
+        assert len(reopened.index.parent) < len(shard.index.parent)
+
+    # The running indexer's shards forget the dropped ranges' rows at their next write.
+    produced += write_shards(tmp_path, topic, messages[21:27], shards=shards)
+    assert all(len(s.index.parent) < before for s, before in zip(shards, indexed))
+    third = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    gen = Generation.current(tmp_path, topic)
+    stored = generation_edges(gen)
+    assert sorted(pairs(stored)) == sorted(produced) and third["edges"] == len(produced)
+    rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
+    set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
+    assert len(set_of) == rows.num_rows  # each row once, though the shards recorded some twice
+    assert stored["dst_set"].to_pylist() == [set_of[d] for d in stored["dst"].to_pylist()]
+    check_lineage(gen, produced, sorted(set_of), random.Random(7))
+
+    # A shard set aside and rebuilt from its partition's start: its edges are not held twice.
+    root = shard_root(tmp_path, topic, 1)
+    root.rename(tmp_path / "aside")
+    rebuilt = Shard(root, topic, 1).open()
+    assert rebuilt.resume == 0
+    again = write_shards(tmp_path, topic, messages[3:6] + messages[9:12], shards=[rebuilt, rebuilt])
+    assert set(again) <= set(produced)
+    compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    assert sorted(pairs(generation_edges(Generation.current(tmp_path, topic)))) == sorted(produced)
+    # Dropping what a generation held, with no generation holding it now, is refused.
+    shutil.rmtree(compacted_root(tmp_path, topic))
+    with pytest.raises(RuntimeError, match="does not hold them"):
+        compact(spark, tmp_path, topic)

@@ -100,3 +100,38 @@ def test_records_commit_with_their_edges(tmp_path, monkeypatch):
     assert store.records("aliases") is None
     with pytest.raises(ValueError, match="unknown record kind"):
         store.append(edges(9), "edges", 0, 10, 11, records={"other": rows})
+
+
+def test_dropped_ranges_stay_resumed_past_and_are_not_written_again(tmp_path):
+    store = EdgeStore(tmp_path, buckets=4)
+    parts = [edges(10 + i) for i in range(4)]
+    for i, part in enumerate(parts):
+        store.append(part, "edges", 0, 10 * i, 10 * i + 9)
+    store.append(edges(20), "edges", 1, 0, 9)  # another partition's range is not dropped
+    size = store.size_bytes()
+    stamp = store.compacted_stamp()
+    below_20 = sum(p.stat().st_size for p in store.files() if p.name.split("~")[1:3] in (["0", "000000000000"],
+                                                                                       ["0", "000000000010"]))
+
+    assert store.drop("edges", 0, 20) == (2, below_20)  # the ranges ending at 9 and 19
+    assert store.compacted_stamp() != stamp
+    assert as_set(store.read()) == as_set(parts[2]) | as_set(parts[3]) | as_set(edges(20))
+    assert len(store.committed()) == 3 and store.size_bytes() < size
+    assert not any(name.startswith("edges~0~000000000000") for name in
+                   [p.name for kind in ("rows", "edges/bucket=0", "edges/bucket=1") for p in (tmp_path / kind).glob("*")])
+    assert store.drop("edges", 0, 15) == (0, 0)  # already dropped below 20
+    store.drop("edges", 1, 10)
+    assert store.committed() == [n for n in store.committed() if n.startswith("edges~0~")]
+    # Nothing left of partition 1, yet the store resumes past what it dropped, and a replay is skipped.
+    assert store.recover() == {("edges", 0): 40, ("edges", 1): 10}
+    assert store.append(edges(20), "edges", 1, 0, 9) == 0
+    assert EdgeStore(tmp_path, buckets=4).recover() == {("edges", 0): 40, ("edges", 1): 10}
+
+
+def test_a_store_keeps_its_id_and_refuses_other_buckets(tmp_path):
+    store = EdgeStore(tmp_path, buckets=4)
+    store.append(edges(1), "edges", 0, 0, 0)
+    assert EdgeStore(tmp_path, buckets=4).identity() == store.identity()
+    assert EdgeStore(tmp_path / "other", buckets=4).identity() != store.identity()
+    with pytest.raises(ValueError, match="written with 4 buckets, not 8"):
+        EdgeStore(tmp_path, buckets=8).identity()
