@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -182,7 +183,9 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         number = generation.next_number(root)
         tmp = root / f"gen={number}{generation.TMP_MARK}{os.getpid()}"
         try:
-            manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say, distinct=bool(rebuilt))
+            with _no_broadcast_joins(spark):
+                manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say,
+                                  distinct=bool(rebuilt))
             manifest.update(generation=number, topic=topic, covers={str(p): n for p, n in covers.items()},
                             threshold=threshold, buckets=buckets,
                             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -198,6 +201,20 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
             f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
         freed = drop_covered(store_dir, topic, previous.covers(), say) if previous else 0
     return {**manifest, "dropped_bytes": freed}
+
+
+@contextmanager
+def _no_broadcast_joins(spark: SparkSession):
+    """Sort-merge joins only, while compacting: Spark sizes a join's side from its files, and the
+    rows records' files are small on disk next to what they take in memory: broadcast, they ran a
+    1 GB driver out of memory on 1M edges."""
+    key = "spark.sql.autoBroadcastJoinThreshold"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "-1")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
 
 
 def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out: Path, threshold: int,

@@ -119,6 +119,8 @@ class Shard:
         ``before_commit`` raises), the set index is put back as it was, so it never runs
         ahead of what the store committed.
         """
+        if last < self.resume:
+            return 0  # the store holds it (a replay), or held it and a generation does now
         stamp = self.store.compacted_stamp()
         if stamp != self._compacted:  # a compaction dropped ranges: forget their rows
             self.index, self._compacted = self._restored(), stamp
