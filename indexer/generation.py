@@ -115,6 +115,8 @@ class Generation:
         self.manifest = json.loads((self.path / "manifest.json").read_text())
         self.buckets = int(self.manifest["buckets"])
         self._dependencies: pa.Table | None = None
+        self._adjacency: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # by direction: (from, to), sorted by from
+        self._rows: ds.Dataset | None = None
 
     @classmethod
     def current(cls, store_dir: str | Path, topic: str) -> "Generation | None":
@@ -139,14 +141,18 @@ class Generation:
     def set_of(self, rids) -> dict[int, int]:
         """The set of each of ``rids`` that the generation holds."""
         wanted = pa.array(sorted(set(int(r) for r in rids)), pa.int64())
-        table = ds.dataset(self.path / "rows", format="parquet").to_table(
-            columns=["rid", "set"], filter=pc.field("rid").isin(wanted))
+        table = self._rows_dataset().to_table(columns=["rid", "set"], filter=pc.field("rid").isin(wanted))
         return dict(zip(table["rid"].to_pylist(), table["set"].to_pylist()))
 
     def rows(self, rids) -> pa.Table:
         """The rows records (``shard.ROWS_SCHEMA``) of those of ``rids`` the generation holds."""
         wanted = pa.array(sorted(set(int(r) for r in rids)), pa.int64())
-        return ds.dataset(self.path / "rows", format="parquet").to_table(filter=pc.field("rid").isin(wanted))
+        return self._rows_dataset().to_table(filter=pc.field("rid").isin(wanted))
+
+    def _rows_dataset(self) -> ds.Dataset:
+        if self._rows is None:
+            self._rows = ds.dataset(self.path / "rows", format="parquet")
+        return self._rows
 
     def dependencies(self) -> pa.Table:
         if self._dependencies is None:
@@ -155,11 +161,13 @@ class Generation:
 
     def related_sets(self, sets, direction: str = "backward") -> set[int]:
         """``sets`` and every set they depend on (``backward``) or that depends on them (``forward``)."""
-        deps = self.dependencies()
-        src, dst = deps["src_set"].to_numpy(), deps["dst_set"].to_numpy()
-        frm, to = (dst, src) if direction == "backward" else (src, dst)
-        order = np.argsort(frm, kind="stable")
-        frm, to = frm[order], to[order]
+        if direction not in self._adjacency:
+            deps = self.dependencies()
+            src, dst = deps["src_set"].to_numpy(), deps["dst_set"].to_numpy()
+            frm, to = (dst, src) if direction == "backward" else (src, dst)
+            order = np.argsort(frm, kind="stable")
+            self._adjacency[direction] = frm[order], to[order]
+        frm, to = self._adjacency[direction]
         found, todo = set(sets), deque(sets)
         while todo:
             at = todo.popleft()
