@@ -130,10 +130,12 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
         copy_seconds = time.monotonic() - started
         size = Generation.current(store_dir, topic).size_bytes()
         # Again, on the first generation (nothing new): the shards then drop what it holds.
-        shard_bytes = sum(p.stat().st_size for p in (store_dir / topic).glob("partition=*/**/*") if p.is_file())
+        def shards_size() -> int:
+            return sum(p.stat().st_size for p in (store_dir / topic).glob("partition=*/**/*") if p.is_file())
+
+        shard_bytes = shards_size()
         again = compact(spark, store_dir, topic, say=lambda s: print(s, file=sys.stderr, flush=True))
-        shard_bytes_after = sum(p.stat().st_size for p in (store_dir / topic).glob("partition=*/**/*")
-                                if p.is_file())
+        shard_bytes_after = shards_size()
     finally:
         spark.stop()
     return {"compaction_seconds": manifest["seconds"],

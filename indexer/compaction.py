@@ -39,22 +39,20 @@ from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from . import generation, metrics
 from .generation import snapshot
 from .shard import BUCKETS as SHARD_BUCKETS
 from .shard import ROW_FIELDS, ROWS_SCHEMA, shard_root
-from .store import IDENTITY, EdgeStore
+from .store import STORE_SCHEMA, EdgeStore
 
 THRESHOLD = 100_000  # most rows a set holds, unless it lies in one dataset (CSProv's λ)
 BUCKETS = 64  # edge buckets of a generation
 EDGE_COLUMNS = ("src", "dst", "query", "batch", "op", "exact", "cols")
-# store.STORE_SCHEMA in Spark's words
-STORE_DDL = ("src bigint, dst bigint, query string, batch bigint, op int, exact boolean, cols bigint, "
-             "src_set bigint, dst_set bigint")
-
-ROWS_DDL = ", ".join(f"{f.name} {'int' if f.type == 'int32' else 'bigint' if f.type == 'int64' else 'string'}"
-                     for f in ROWS_SCHEMA)
+# The shards' schemas in Spark's words
+STORE_DDL = from_arrow_schema(STORE_SCHEMA)
+ROWS_DDL = from_arrow_schema(ROWS_SCHEMA)
 
 MAX_ROUNDS = 64  # each round at least halves the distance to the minimum: 2**64 nodes
 
@@ -107,7 +105,7 @@ def drop_covered(store_dir: Path, topic: str, covers: dict[int, dict], say: Call
     ranges = freed = 0
     for partition, covered in covers.items():
         store = EdgeStore(shard_root(store_dir, topic, partition), SHARD_BUCKETS)
-        if (store.root / IDENTITY).exists() and store.identity() == covered["store"]:
+        if store.identity(create=False) == covered["store"]:
             r, b = store.drop(topic, partition, int(covered["next"]))
             ranges, freed = ranges + r, freed + b
     if ranges:
@@ -165,14 +163,13 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         except BlockingIOError:
             raise CompactionBusy(f"another compaction of {topic} is running (lock {root / '.lock'})") from None
         previous = generation.Generation.current(store_dir, topic)
-        covers, edge_files, row_files = snapshot(store_dir, topic, previous.covers() if previous else None,
-                                                 create=True)
+        held = previous.covers() if previous else {}
+        covers, edge_files, row_files = snapshot(store_dir, topic, held, create=True)
         say(f"compacting {len(edge_files)} new edge files of {len(covers)} shards"
             + (f" onto generation {previous.number}" if previous else ""))
         # A shard set aside and rebuilt from its partition's start (``Indexer.set_aside``) may
         # hold edges the previous generation holds too (from its store before): kept once.
-        rebuilt = sorted(p for p, held in (previous.covers() if previous else {}).items()
-                         if p in covers and covers[p]["store"] != held["store"])
+        rebuilt = sorted(p for p, before in held.items() if p in covers and covers[p]["store"] != before["store"])
         if previous:
             edge_files += previous.edge_files()
             row_files += previous.row_files()
@@ -199,7 +196,7 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
         say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
             f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
-        freed = drop_covered(store_dir, topic, previous.covers(), say) if previous else 0
+        freed = drop_covered(store_dir, topic, held, say)
     return {**manifest, "dropped_bytes": freed}
 
 

@@ -107,6 +107,11 @@ def snapshot(store_dir: Path, topic: str, previous: dict[int, dict] | None = Non
     return covers, edge_files, row_files
 
 
+def _int64s(values) -> pa.Array:
+    """Distinct ids, sorted, as a filter's value set."""
+    return pa.array(sorted(set(int(v) for v in values)), pa.int64())
+
+
 class Generation:
     """One compacted generation, read with pyarrow."""
 
@@ -140,14 +145,12 @@ class Generation:
 
     def set_of(self, rids) -> dict[int, int]:
         """The set of each of ``rids`` that the generation holds."""
-        wanted = pa.array(sorted(set(int(r) for r in rids)), pa.int64())
-        table = self._rows_dataset().to_table(columns=["rid", "set"], filter=pc.field("rid").isin(wanted))
+        table = self._rows_dataset().to_table(columns=["rid", "set"], filter=pc.field("rid").isin(_int64s(rids)))
         return dict(zip(table["rid"].to_pylist(), table["set"].to_pylist()))
 
     def rows(self, rids) -> pa.Table:
         """The rows records (``shard.ROWS_SCHEMA``) of those of ``rids`` the generation holds."""
-        wanted = pa.array(sorted(set(int(r) for r in rids)), pa.int64())
-        return self._rows_dataset().to_table(filter=pc.field("rid").isin(wanted))
+        return self._rows_dataset().to_table(filter=pc.field("rid").isin(_int64s(rids)))
 
     def _rows_dataset(self) -> ds.Dataset:
         if self._rows is None:
@@ -180,7 +183,7 @@ class Generation:
 
     def edges(self, sets) -> pa.Table:
         """The edges whose dst lies in ``sets``, read from those sets' buckets only, ``src_set`` filled in."""
-        wanted = pa.array(sorted(set(int(s) for s in sets)), pa.int64())
+        wanted = _int64s(sets)
         parts = []
         for bucket in np.unique(bucket_of(wanted.to_numpy(), self.buckets)).tolist():
             folder = self.path / "edges" / f"bucket={bucket}"

@@ -47,6 +47,12 @@ class Lineage:
         return found
 
 
+def ordered(found) -> list[Lineage]:
+    """An answer's records in the order every backend gives them: by dataset, then source coordinates."""
+    return sorted(found, key=lambda x: (x.dataset or "", x.topic or "", x.partition or 0, x.offset or 0,
+                                        x.key or "", x.rid))
+
+
 def check_depth(depth: int) -> int:
     if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
         raise LineageError(f"depth must be an integer from 1 to {MAX_DEPTH}, not {depth!r}")

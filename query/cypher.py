@@ -5,7 +5,7 @@ from __future__ import annotations
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 
-from .backend import Lineage, LineageError, check_depth
+from .backend import Lineage, LineageError, check_depth, ordered
 
 _ROW_FIELDS = "n.rid AS rid, n.kind AS kind, n.dataset AS dataset, n.topic AS topic, " \
               "n.partition AS partition, n.offset AS offset, n.key AS key, n.path AS path, n.position AS position"
@@ -65,8 +65,7 @@ class CypherBackend:
                 item.exact = item.exact and exact
                 item.ops = sorted(set(item.ops) | set(ops))
                 item.batches = sorted(set(item.batches) | set(batches))
-        return sorted(found.values(), key=lambda x: (x.dataset or "", x.topic or "", x.partition or 0,
-                                                     x.offset or 0, x.key or "", x.rid))
+        return ordered(found.values())
 
     def backward(self, rid: int, to: str = "source", depth: int = 16) -> list[Lineage]:
         return self._walk(rid, to, depth, backward=True)

@@ -30,7 +30,7 @@ from headwater.indexer.generation import Generation, snapshot
 from headwater.indexer.shard import ROWS_SCHEMA
 from headwater.indexer.store import STORE_SCHEMA
 
-from .backend import Lineage, LineageError, check_depth
+from .backend import Lineage, LineageError, check_depth, ordered
 from .walk import Reach, is_target, walk
 
 EDGE_COLUMNS = EDGE_SCHEMA.names
@@ -96,8 +96,7 @@ def lineage_of(rid: int, found: dict[int, Reach], rows: pa.Table, to: str) -> li
             partition=record.get("partition"), offset=record.get("offset"), key=record.get("key"),
             path=record.get("path"), position=record.get("position"), ops=sorted(reach.ops), cols=reach.cols,
             batches=sorted(reach.batches), exact=reach.exact, via="edges"))
-    return sorted(answer, key=lambda x: (x.dataset or "", x.topic or "", x.partition or 0, x.offset or 0,
-                                         x.key or "", x.rid))
+    return ordered(answer)
 
 
 class _ParquetBackend:

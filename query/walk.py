@@ -73,10 +73,11 @@ def walk(rid: int, depth: int, backward: bool, step: Step) -> dict[int, Reach]:
             else:
                 nxt[to] = reach
         for row, reach in nxt.items():
+            copy = Reach(reach.cols, reach.exact, set(reach.ops), set(reach.batches))  # found's own, merged later
             if row in found:
-                found[row].merge(Reach(reach.cols, reach.exact, set(reach.ops), set(reach.batches)))
+                found[row].merge(copy)
             else:
-                found[row] = Reach(reach.cols, reach.exact, set(reach.ops), set(reach.batches))
+                found[row] = copy
         level = dict(nxt)
     return found
 
