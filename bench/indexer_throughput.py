@@ -125,7 +125,7 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
         _, files, _ = snapshot(store_dir, topic)
         started = time.monotonic()
         (spark.read.schema(STORE_DDL).parquet(*files).withColumn("bucket", F.pmod("dst_set", F.lit(BUCKETS)))
-         .repartition("bucket").sortWithinPartitions("dst_set", "dst")
+         .repartition("bucket").sortWithinPartitions("bucket", "dst_set", "dst")
          .write.option("compression", "zstd").partitionBy("bucket").parquet(str(store_dir / "copy")))
         copy_seconds = time.monotonic() - started
         size = Generation.current(store_dir, topic).size_bytes()

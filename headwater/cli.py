@@ -1,15 +1,24 @@
-"""The ``headwater`` command. Answers are JSON lines on stdout; errors a JSON line on stderr."""
+"""The ``headwater`` command. Answers are JSON lines on stdout; errors a JSON line on stderr.
+
+``headwater serve`` prints one JSON line once it listens, logs a line per request on
+stderr, and runs until SIGINT or SIGTERM.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
 from headwater.core import config as configuration
-from headwater.core import rid as rids
+from headwater.query.address import SOURCE_FORMS, parse_source
+
+
+# The query backends (``headwater.query.api.BACKENDS``), named here so the CLI starts without importing them.
+BACKENDS = ["cypher", "csprov", "rq"]
 
 
 def _home(ctx: click.Context) -> Path:
@@ -138,35 +147,6 @@ def lineage() -> None:
     """Lineage queries, answered as JSON lines."""
 
 
-SOURCE_FORMS = "kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or foreachBatch:QUERY:BATCH"
-
-
-def parse_source(text: str) -> int:
-    """A row's address (``SOURCE_FORMS``) → its rid."""
-    kind, _, rest = text.partition(":")
-    if kind == "kafka":
-        topic, _, position = rest.rpartition(":")
-        topic, _, partition = topic.rpartition(":")
-        if topic and partition.isdigit() and position.isdigit():
-            return rids.kafka_rid(topic, int(partition), int(position))
-    elif kind == "table":
-        name, _, key = rest.partition(":")
-        if name and key:
-            return rids.table_rid(name, key)
-    elif kind == "file":
-        path, _, position = rest.rpartition(":")
-        if path and position.isdigit():
-            return rids.file_rid(path, int(position))
-    elif kind == "rate":
-        if rest.lstrip("-").isdigit():
-            return rids.rate_rid(int(rest))
-    elif kind == "foreachBatch":
-        query, _, batch = rest.rpartition(":")
-        if query and batch.isdigit():
-            return rids.state_rid(query, rids.FOREACH_BATCH_OP, int(batch))
-    raise click.BadParameter(f"{text!r}: expected {SOURCE_FORMS}")
-
-
 def _query(ctx: click.Context, direction: str, rid: int | None, source: str | None, to: str, depth: int,
            payload: bool, backend: str) -> None:
     from headwater.adapters.graph import GraphUnavailable
@@ -177,9 +157,6 @@ def _query(ctx: click.Context, direction: str, rid: int | None, source: str | No
         _fail("give exactly one of --rid or --source")
     try:
         start = rid if rid is not None else parse_source(source)
-    except click.BadParameter as exc:
-        _fail(exc.message)
-    try:
         with LineageClient(configuration.load(_home(ctx)), backend=backend) as client:
             found = getattr(client, direction)(start, to=to, depth=depth, payload=payload)
     except (LineageError, GraphUnavailable) as exc:
@@ -196,7 +173,7 @@ def _lineage_command(direction: str, default_to: str, summary: str) -> None:
     @click.option("--to", default=default_to, show_default=True, help=f"{default_to}, or a dataset name.")
     @click.option("--depth", type=int, default=16, show_default=True)
     @click.option("--payload", is_flag=True, help="Add the original source records.")
-    @click.option("--backend", type=click.Choice(["cypher", "csprov", "rq"]), default="cypher", show_default=True,
+    @click.option("--backend", type=click.Choice(BACKENDS), default="cypher", show_default=True,
                   help="The graph store (cypher), or the Parquet store by connected sets (csprov) or whole (rq).")
     @click.pass_context
     def command(ctx, rid, source, to, depth, payload, backend) -> None:
@@ -208,6 +185,45 @@ def _lineage_command(direction: str, default_to: str, summary: str) -> None:
 
 _lineage_command("backward", "source", "The inputs a row was derived from.")
 _lineage_command("forward", "output", "The rows derived from an input.")
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; other than loopback only with a token.")
+@click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="cypher", show_default=True,
+              help="The backend of questions that name none (backend=).")
+@click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="File holding the bearer token every /v1 and /openapi.json request must give "
+                   "(default $HEADWATER_HTTP_TOKEN; neither: no token, loopback only).")
+@click.option("--max-results", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Rows of an answer at most; longer answers are cut (truncated: true).")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Queries answered at once; more get 503 with Retry-After.")
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int, backend: str, token_file: Path | None, max_results: int,
+          max_concurrent: int) -> None:
+    """Answer lineage questions over HTTP (read-only JSON; GET /openapi.json) until SIGINT or SIGTERM."""
+    import signal
+    import threading
+
+    from headwater.query import http
+
+    try:
+        token = token_file.read_text().strip() if token_file is not None else os.environ.get(http.TOKEN_ENV)
+    except OSError as exc:
+        _fail(f"cannot read the token file: {exc}")
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    try:
+        server = http.serve(configuration.load(_home(ctx)), host, port, backend, token, max_results, max_concurrent,
+                            say=lambda s: click.echo(s, err=True))
+    except (http.ServeError, OSError) as exc:
+        _fail(str(exc))
+    _emit({"serving": server.url, "openapi": f"{server.url}/openapi.json"})
+    stop.wait()
+    server.close()
 
 
 @main.command("demo")

@@ -50,6 +50,9 @@ from .store import STORE_SCHEMA, EdgeStore
 THRESHOLD = 100_000  # most rows a set holds, unless it lies in one dataset (CSProv's λ)
 BUCKETS = 64  # edge buckets of a generation
 EDGE_COLUMNS = ("src", "dst", "query", "batch", "op", "exact", "cols")
+# Small row groups: their key ranges in the footers let a lookup decode a few thousand rows, not a file.
+ROW_GROUP_BYTES = 256 << 10
+PARQUET_OPTIONS = {"compression": "zstd", "parquet.block.size": str(ROW_GROUP_BYTES)}
 # The shards' schemas in Spark's words
 STORE_DDL = from_arrow_schema(STORE_SCHEMA)
 ROWS_DDL = from_arrow_schema(ROWS_SCHEMA)
@@ -229,13 +232,24 @@ def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out
               .select(*EDGE_COLUMNS, "src_set", "dst_set").localCheckpoint())
     (placed.withColumn("src_set", F.when(F.col("src_set") != F.col("dst_set"), F.col("src_set")))
      .withColumn("bucket", F.pmod("dst_set", F.lit(buckets)))
-     .repartition("bucket").sortWithinPartitions("dst_set", "dst")
-     .write.option("compression", "zstd").partitionBy("bucket").parquet(str(out / "edges")))
-    indexed = sets.join(rows, "rid", "left").select("rid", "set", *ROW_FIELDS)
+     # The writer sorts by the partition column unless the data already is: bucket leads.
+     .repartition("bucket").sortWithinPartitions("bucket", "dst_set", "dst")
+     .write.options(**PARQUET_OPTIONS).partitionBy("bucket").parquet(str(out / "edges")))
+    # Whether a row has edges in (out): a walk need not read the set of a row it cannot go on from.
+    has_in = edges.select(F.col("dst").alias("rid")).distinct().withColumn("has_in", F.lit(True))
+    has_out = edges.select(F.col("src").alias("rid")).distinct().withColumn("has_out", F.lit(True))
+    indexed = (sets.join(rows, "rid", "left").join(has_in, "rid", "left").join(has_out, "rid", "left")
+               .select("rid", "set", *ROW_FIELDS, F.coalesce("has_in", F.lit(False)).alias("has_in"),
+                       F.coalesce("has_out", F.lit(False)).alias("has_out")))
     (indexed.repartitionByRange(max(1, spark.sparkContext.defaultParallelism), "rid").sortWithinPartitions("rid")
-     .write.option("compression", "zstd").parquet(str(out / "rows")))
-    dependencies = (placed.where(F.col("src_set") != F.col("dst_set")).select("src_set", "dst_set").distinct())
+     .write.options(**PARQUET_OPTIONS).parquet(str(out / "rows")))
+    crossing = placed.where(F.col("src_set") != F.col("dst_set"))
+    dependencies = crossing.select("src_set", "dst_set").distinct()
     dependencies.coalesce(1).write.option("compression", "zstd").parquet(str(out / "dependencies"))
+    # A forward step from a row reads its own set and the sets its edges lead into: those.
+    (crossing.select("src", "dst_set").distinct()
+     .repartitionByRange(max(1, spark.sparkContext.defaultParallelism), "src").sortWithinPartitions("src")
+     .write.options(**PARQUET_OPTIONS).parquet(str(out / "exits")))
     counts = sets.groupBy("set").count()
     found = {"edges": placed.count(), "rows": sets.count(), "sets": counts.count(),
              "largest_set": counts.agg(F.max("count")).first()[0],

@@ -5,8 +5,10 @@ an edges topic and writes them as one generation:
 
     <store_dir>/<topic>/compacted/gen=<N>/
         edges/bucket=B/*.parquet   the edges, B = dst set mod buckets, sorted by (dst set, dst)
-        rows/*.parquet             rid → set, with the row's kind, dataset and coordinates, sorted by rid
+        rows/*.parquet             rid → set, with the row's kind, dataset and coordinates and whether
+                                   it has edges in (has_in) and out (has_out), sorted by rid
         dependencies/*.parquet     (src set, dst set) of the edges that cross sets
+        exits/*.parquet            (src, dst set) of the edges that cross sets, sorted by src
         manifest.json              what it covers (by shard: its store id, the offset below
                                    which the generation holds its ranges), sizes, duration
     <store_dir>/<topic>/compacted/CURRENT   {"generation": N}
@@ -31,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .shard import BUCKETS as SHARD_BUCKETS
+from .sorted_files import SortedFiles
 from .store import STORE_SCHEMA, EdgeStore, bucket_of, parse_range, with_src_sets
 
 CURRENT = "CURRENT"
@@ -107,11 +109,6 @@ def snapshot(store_dir: Path, topic: str, previous: dict[int, dict] | None = Non
     return covers, edge_files, row_files
 
 
-def _int64s(values) -> pa.Array:
-    """Distinct ids, sorted, as a filter's value set."""
-    return pa.array(sorted(set(int(v) for v in values)), pa.int64())
-
-
 class Generation:
     """One compacted generation, read with pyarrow."""
 
@@ -121,7 +118,9 @@ class Generation:
         self.buckets = int(self.manifest["buckets"])
         self._dependencies: pa.Table | None = None
         self._adjacency: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # by direction: (from, to), sorted by from
-        self._rows: ds.Dataset | None = None
+        self._rows: SortedFiles | None = None
+        self._exits: SortedFiles | None = None
+        self._edges: dict[int, SortedFiles] = {}  # by bucket
 
     @classmethod
     def current(cls, store_dir: str | Path, topic: str) -> "Generation | None":
@@ -145,17 +144,23 @@ class Generation:
 
     def set_of(self, rids) -> dict[int, int]:
         """The set of each of ``rids`` that the generation holds."""
-        table = self._rows_dataset().to_table(columns=["rid", "set"], filter=pc.field("rid").isin(_int64s(rids)))
+        table = self._rows_files().read(rids, ["rid", "set"])
         return dict(zip(table["rid"].to_pylist(), table["set"].to_pylist()))
 
     def rows(self, rids) -> pa.Table:
-        """The rows records (``shard.ROWS_SCHEMA``) of those of ``rids`` the generation holds."""
-        return self._rows_dataset().to_table(filter=pc.field("rid").isin(_int64s(rids)))
+        """The rows records (``shard.ROWS_SCHEMA``, ``has_in``, ``has_out``) of those of ``rids`` the generation holds."""
+        return self._rows_files().read(rids)
 
-    def _rows_dataset(self) -> ds.Dataset:
+    def _rows_files(self) -> SortedFiles:
         if self._rows is None:
-            self._rows = ds.dataset(self.path / "rows", format="parquet")
+            self._rows = SortedFiles(self.row_files(), "rid")
         return self._rows
+
+    def exits(self, rids) -> set[int]:
+        """The sets other than their own that edges from ``rids`` lead into."""
+        if self._exits is None:
+            self._exits = SortedFiles(sorted((self.path / "exits").glob("*.parquet")), "src")
+        return set(self._exits.read(rids, ["dst_set"])["dst_set"].to_pylist())
 
     def dependencies(self) -> pa.Table:
         if self._dependencies is None:
@@ -182,16 +187,18 @@ class Generation:
         return found
 
     def edges(self, sets) -> pa.Table:
-        """The edges whose dst lies in ``sets``, read from those sets' buckets only, ``src_set`` filled in."""
-        wanted = _int64s(sets)
-        parts = []
-        for bucket in np.unique(bucket_of(wanted.to_numpy(), self.buckets)).tolist():
-            folder = self.path / "edges" / f"bucket={bucket}"
-            if folder.exists():
-                parts.append(ds.dataset(folder, format="parquet", schema=STORE_SCHEMA).to_table(
-                    filter=pc.field("dst_set").isin(wanted)))
-        table = pa.concat_tables(parts) if parts else STORE_SCHEMA.empty_table()
-        return with_src_sets(table)
+        """The edges whose dst lies in ``sets``, read from the row groups holding those sets only, ``src_set`` filled in."""
+        wanted = np.unique(np.asarray(list(sets), np.int64))
+        buckets = bucket_of(wanted, self.buckets)
+        parts = [self._bucket(b).read(wanted[buckets == b]) for b in np.unique(buckets).tolist()]
+        return with_src_sets(pa.concat_tables(parts) if parts else STORE_SCHEMA.empty_table())
+
+    def _bucket(self, bucket: int) -> SortedFiles:
+        """A bucket's files: each holds sets of every range, so only the set's bucket narrows a lookup to its files."""
+        if bucket not in self._edges:
+            files = sorted((self.path / "edges" / f"bucket={bucket}").glob("*.parquet"))
+            self._edges[bucket] = SortedFiles(files, "dst_set", STORE_SCHEMA)
+        return self._edges[bucket]
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.rglob("*.parquet"))

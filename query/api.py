@@ -37,7 +37,8 @@ class LineageClient:
     def close(self) -> None:
         self.backend.close()
 
-    def _with_payload(self, found: list[Lineage]) -> list[Lineage]:
+    def with_payload(self, found: list[Lineage]) -> list[Lineage]:
+        """``found`` with each row's original source record added (what ``payload=True`` does)."""
         datasets: dict = {}
         for item in found:
             if item.dataset and item.topic is None and item.dataset not in datasets:
@@ -47,8 +48,8 @@ class LineageClient:
 
     def backward(self, rid: int, to: str = "source", depth: int = 16, payload: bool = False) -> list[Lineage]:
         found = self.backend.backward(rid, to=to, depth=depth)
-        return self._with_payload(found) if payload else found
+        return self.with_payload(found) if payload else found
 
     def forward(self, rid: int, to: str = "output", depth: int = 16, payload: bool = False) -> list[Lineage]:
         found = self.backend.forward(rid, to=to, depth=depth)
-        return self._with_payload(found) if payload else found
+        return self.with_payload(found) if payload else found

@@ -17,6 +17,10 @@ class LineageError(ValueError):
     """A lineage question that cannot be answered as asked (unknown rid, bad bound…)."""
 
 
+class UnknownRow(LineageError):
+    """The row asked about is not in the store: not captured, or not indexed yet."""
+
+
 @dataclass
 class Lineage:
     """One row found by a lineage query, relative to the row asked about."""

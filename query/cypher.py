@@ -5,7 +5,7 @@ from __future__ import annotations
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 
-from .backend import Lineage, LineageError, check_depth, ordered
+from .backend import Lineage, LineageError, UnknownRow, check_depth, ordered
 
 _ROW_FIELDS = "n.rid AS rid, n.kind AS kind, n.dataset AS dataset, n.topic AS topic, " \
               "n.partition AS partition, n.offset AS offset, n.key AS key, n.path AS path, n.position AS position"
@@ -36,7 +36,7 @@ class CypherBackend:
         if not isinstance(rid, int) or not -(1 << 63) <= rid < 1 << 63:
             raise LineageError(f"a rid is a signed 64-bit integer, not {rid!r}")
         if not self._run("MATCH (n:Row {rid: $rid}) RETURN n.rid AS rid", rid=rid):
-            raise LineageError(f"rid {rid} is not in the lineage graph (not captured, or not indexed yet)")
+            raise UnknownRow(f"rid {rid} is not in the lineage graph (not captured, or not indexed yet)")
 
     def _walk(self, rid: int, to: str, depth: int, backward: bool) -> list[Lineage]:
         check_depth(depth)

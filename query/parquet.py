@@ -30,7 +30,7 @@ from headwater.indexer.generation import Generation, snapshot
 from headwater.indexer.shard import ROWS_SCHEMA
 from headwater.indexer.store import STORE_SCHEMA
 
-from .backend import Lineage, LineageError, check_depth, ordered
+from .backend import Lineage, LineageError, UnknownRow, check_depth, ordered
 from .walk import Reach, is_target, walk
 
 EDGE_COLUMNS = EDGE_SCHEMA.names
@@ -60,24 +60,30 @@ class StoreView:
                 if attempt == attempts - 1:
                     raise
 
-    def rows(self, rids) -> pa.Table:
-        """Rows records of ``rids`` (one per rid: the generation's, else the shards')."""
+    def rows(self, rids, held: dict[int, dict] | None = None) -> pa.Table:
+        """Rows records of ``rids`` (one per rid: the generation's, else the shards'); ``held``: the
+        generation's records already read, by rid."""
         wanted = pa.array(sorted(set(rids)), pa.int64())
         recent = self.recent_rows.filter(pc.is_in(self.recent_rows["rid"], wanted))
         if self.generation is None:
             return recent
-        held = self.generation.rows(wanted.to_pylist())
-        recent = recent.filter(pc.invert(pc.is_in(recent["rid"], held["rid"])))
-        return pa.concat_tables([held.select(ROWS_SCHEMA.names).cast(ROWS_SCHEMA), recent])
+        held = held or {}
+        read = self.generation.rows([r for r in wanted.to_pylist() if r not in held]).select(ROWS_SCHEMA.names)
+        found = pa.concat_tables([read.cast(ROWS_SCHEMA),
+                                  pa.Table.from_pylist([held[r] for r in wanted.to_pylist() if r in held],
+                                                       ROWS_SCHEMA)])
+        recent = recent.filter(pc.invert(pc.is_in(recent["rid"], found["rid"])))
+        return pa.concat_tables([found, recent])
 
-    def answer(self, rid: int, to: str, depth: int, backward: bool, step) -> list[Lineage]:
+    def answer(self, rid: int, to: str, depth: int, backward: bool, step, held: dict[int, dict] | None = None
+               ) -> list[Lineage]:
         check_depth(depth)
         if not isinstance(rid, int) or not -(1 << 63) <= rid < 1 << 63:
             raise LineageError(f"a rid is a signed 64-bit integer, not {rid!r}")
-        if not self.rows([rid]).num_rows:
-            raise LineageError(f"rid {rid} is not in the lineage store (not captured, or not indexed yet)")
+        if not self.rows([rid], held).num_rows:
+            raise UnknownRow(f"rid {rid} is not in the lineage store (not captured, or not indexed yet)")
         found = walk(rid, depth, backward, step)
-        return lineage_of(rid, found, self.rows(found), to)
+        return lineage_of(rid, found, self.rows(found, held), to)
 
 
 def lineage_of(rid: int, found: dict[int, Reach], rows: pa.Table, to: str) -> list[Lineage]:
@@ -111,41 +117,45 @@ class _ParquetBackend:
         return None  # datasets' descriptions live in the graph store's log records
 
     def backward(self, rid: int, to: str = "source", depth: int = 16) -> list[Lineage]:
-        return self.view.answer(rid, to, depth, True, self._step(True))
+        return self._answer(rid, to, depth, True)
 
     def forward(self, rid: int, to: str = "output", depth: int = 16) -> list[Lineage]:
-        return self.view.answer(rid, to, depth, False, self._step(False))
+        return self._answer(rid, to, depth, False)
+
+    def _answer(self, rid: int, to: str, depth: int, backward: bool) -> list[Lineage]:
+        return self.view.answer(rid, to, depth, backward, self._step(backward))
 
 
 class CSProvBackend(_ParquetBackend):
-    def _step(self, backward: bool):
+    def _answer(self, rid: int, to: str, depth: int, backward: bool) -> list[Lineage]:
+        held: dict[int, dict] = {}  # the generation's rows records read so far, by rid
+        return self.view.answer(rid, to, depth, backward, self._step(backward, held), held)
+
+    def _step(self, backward: bool, held: dict[int, dict]):
         gen, recent = self.view.generation, self.view.recent_edges
-        near = "dst" if backward else "src"
-        direction = "backward" if backward else "forward"
-        read: set[int] = set()  # sets whose edges are loaded, with their whole closure
-        set_of: dict[int, int] = {}  # rid -> set, for rows in the loaded edges
-        looked_up: set[int] = set()  # rows asked of the generation's rid -> set index
+        near, onward = ("dst", "has_in") if backward else ("src", "has_out")
+        read: set[int] = set()  # sets whose edges are loaded
+        looked_up: set[int] = set()  # rows asked of the generation (the recent ones are not in it)
         loaded: list[pa.Table] = []
 
-        def load(sets: set[int]) -> None:
-            new = gen.related_sets(sets, direction) - read
-            if not new:
-                return
-            read.update(new)
-            edges = gen.edges(new)
-            set_of.update(zip(edges["src"].to_pylist(), edges["src_set"].to_pylist()))
-            set_of.update(zip(edges["dst"].to_pylist(), edges["dst_set"].to_pylist()))
-            loaded.append(edges.select(EDGE_COLUMNS))
+        def load(frontier: list[int]) -> None:
+            unknown = [r for r in frontier if r not in held and r not in looked_up]
+            looked_up.update(unknown)
+            if unknown:
+                held.update((record["rid"], record) for record in gen.rows(unknown).to_pylist())
+            going = [r for r in frontier if r in held and held[r][onward]]
+            # An edge lies in its dst's set: backward, a row's edges are in its own set;
+            # forward, in its own or those its edges cross into.
+            sets = {held[r]["set"] for r in going}
+            new = (sets if backward else sets | gen.exits(going)) - read
+            if new:
+                read.update(new)
+                loaded.append(gen.edges(new).select(EDGE_COLUMNS))
 
         def step(frontier: list[int]) -> pa.Table:
             if gen is not None:
-                unknown = [r for r in frontier if r not in set_of and r not in looked_up]
-                looked_up.update(unknown)
-                if unknown:
-                    set_of.update(gen.set_of(unknown))
-                load({set_of[r] for r in frontier if r in set_of} - read)
-            parts = [_adjacent(t, near, frontier) for t in loaded + [recent]]
-            return pa.concat_tables(parts)
+                load(frontier)
+            return pa.concat_tables([_adjacent(t, near, frontier) for t in loaded + [recent]])
         return step
 
 

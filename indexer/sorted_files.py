@@ -1,0 +1,83 @@
+"""Point reads from Parquet files sorted by one key column, through their row groups' statistics.
+
+A compacted generation writes its edges sorted by ``dst_set`` within each bucket's file
+and its rows records sorted by ``rid``, in small row groups. Each row group's min and max
+of the key are in the file's footer: ``SortedFiles`` reads the footers once, and a
+lookup then decodes only the row groups whose key range holds a wanted key, instead of
+whole files (a dataset filter would read every footer again on every call).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+
+class SortedFiles:
+    """Parquet files whose row groups each hold a range of ``key`` (recorded in the footer's statistics)."""
+
+    def __init__(self, files: list[str | Path], key: str, schema: pa.Schema | None = None):
+        self.key = key
+        self.schema = schema
+        self._files: list[pq.ParquetFile] = []
+        lows, highs, where = [], [], []
+        for path in files:
+            parquet = pq.ParquetFile(path)
+            column = parquet.schema_arrow.get_field_index(key)
+            for group in range(parquet.metadata.num_row_groups):
+                chunk = parquet.metadata.row_group(group)
+                if chunk.num_rows == 0:
+                    continue
+                stats = chunk.column(column).statistics
+                if stats is None or not stats.has_min_max:  # no statistics: the group may hold any key
+                    lows.append(-(1 << 63))
+                    highs.append((1 << 63) - 1)
+                else:
+                    lows.append(stats.min)
+                    highs.append(stats.max)
+                where.append((len(self._files), group))
+            self._files.append(parquet)
+        self._lows = np.array(lows, np.int64)
+        self._highs = np.array(highs, np.int64)
+        self._where = where
+
+    @property
+    def row_groups(self) -> int:
+        return len(self._where)
+
+    def read(self, keys, columns: list[str] | None = None) -> pa.Table:
+        """The rows whose ``key`` is one of ``keys``, from the row groups that may hold them only."""
+        wanted = np.unique(np.asarray(keys, np.int64))
+        if not len(wanted) or not self._where:
+            return self._empty(columns)
+        # A group holds a wanted key when some wanted key lies in [low, high].
+        hit = np.searchsorted(wanted, self._lows, "left") < np.searchsorted(wanted, self._highs, "right")
+        by_file: dict[int, list[int]] = {}
+        for i in np.flatnonzero(hit).tolist():
+            file, group = self._where[i]
+            by_file.setdefault(file, []).append(group)
+        if not by_file:
+            return self._empty(columns)
+        needed = columns if columns is None or self.key in columns else columns + [self.key]
+        values = pa.array(wanted, pa.int64())
+        parts = []
+        for file, groups in by_file.items():
+            table = self._files[file].read_row_groups(groups, columns=needed)
+            parts.append(table.filter(pc.is_in(table[self.key], values)))
+        table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
+        schema = self._schema(columns)
+        return table.select(schema.names).cast(schema)
+
+    def _schema(self, columns: list[str] | None) -> pa.Schema | None:
+        schema = self.schema if self.schema is not None else (self._files[0].schema_arrow if self._files else None)
+        if schema is not None and columns is not None:
+            schema = pa.schema([schema.field(c) for c in columns])
+        return schema
+
+    def _empty(self, columns: list[str] | None) -> pa.Table:
+        schema = self._schema(columns)
+        return (schema or pa.schema([(self.key, pa.int64())])).empty_table()

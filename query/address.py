@@ -1,0 +1,56 @@
+"""A row's address, as a person writes it, to its rid: ``kafka:orders:0:17`` → rid.
+
+Pure: the CLI's ``--source`` and the HTTP API's ``source=`` both parse with it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from headwater.core import rid as rids
+
+from .backend import LineageError
+
+SOURCE_FORMS = ("kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or "
+                "foreachBatch:QUERY:BATCH")
+
+_INT = 1 << 31
+_LONG = 1 << 63
+
+
+def _number(text: str, low: int, high: int) -> int | None:
+    """``text`` as an integer in ``low..high-1`` (ASCII digits only, as Spark would hold it), else None."""
+    if not re.fullmatch(r"-?[0-9]{1,19}", text):
+        return None
+    value = int(text)
+    return value if low <= value < high else None
+
+
+def parse_source(text: str) -> int:
+    """A row's address (``SOURCE_FORMS``) → its rid; ``LineageError`` if it is not one."""
+    kind, _, rest = text.partition(":")
+    if kind == "kafka":
+        topic, _, offset = rest.rpartition(":")
+        topic, _, partition = topic.rpartition(":")
+        partition, offset = _number(partition, 0, _INT), _number(offset, 0, _LONG)
+        if topic and partition is not None and offset is not None:
+            return rids.kafka_rid(topic, partition, offset)
+    elif kind == "table":
+        name, _, key = rest.partition(":")
+        if name and key:
+            return rids.table_rid(name, key)
+    elif kind == "file":
+        path, _, position = rest.rpartition(":")
+        position = _number(position, 0, _LONG)
+        if path and position is not None:
+            return rids.file_rid(path, position)
+    elif kind == "rate":
+        value = _number(rest, -_LONG, _LONG)
+        if value is not None:
+            return rids.rate_rid(value)
+    elif kind == "foreachBatch":
+        query, _, batch = rest.rpartition(":")
+        batch = _number(batch, 0, _LONG)
+        if query and batch is not None:
+            return rids.state_rid(query, rids.FOREACH_BATCH_OP, batch)
+    raise LineageError(f"{text!r}: expected {SOURCE_FORMS}")
