@@ -147,8 +147,8 @@ def lineage() -> None:
     """Lineage queries, answered as JSON lines."""
 
 
-def _query(ctx: click.Context, direction: str, rid: int | None, source: str | None, to: str, depth: int,
-           payload: bool, backend: str) -> None:
+def _query(ctx: click.Context, question: str, rid: int | None, source: str | None, backend: str,
+           **options) -> None:
     from headwater.adapters.graph import GraphUnavailable
     from headwater.query.api import LineageClient
     from headwater.query.backend import LineageError
@@ -158,33 +158,64 @@ def _query(ctx: click.Context, direction: str, rid: int | None, source: str | No
     try:
         start = rid if rid is not None else parse_source(source)
         with LineageClient(configuration.load(_home(ctx)), backend=backend) as client:
-            found = getattr(client, direction)(start, to=to, depth=depth, payload=payload)
+            answer = getattr(client, question)(start, **options)
     except (LineageError, GraphUnavailable) as exc:
         _fail(str(exc))
     except Exception as exc:  # e.g. the graph store is down
         _fail(f"{type(exc).__name__}: {exc}", code=1)
-    for row in found:
+    for row in answer:
         _emit(row.to_dict())
+    # What the answer may miss, apart from the records, so that stdout stays one record a line.
+    click.echo(json.dumps({"summary": answer.summary()}), err=True)
 
 
-def _lineage_command(direction: str, default_to: str, summary: str) -> None:
-    @click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid).")
-    @click.option("--source", default=None, help=f"The row's address: {SOURCE_FORMS}.")
-    @click.option("--to", default=default_to, show_default=True, help=f"{default_to}, or a dataset name.")
-    @click.option("--depth", type=int, default=16, show_default=True)
-    @click.option("--payload", is_flag=True, help="Add the original source records.")
-    @click.option("--backend", type=click.Choice(BACKENDS), default="cypher", show_default=True,
-                  help="The graph store (cypher), or the Parquet store by connected sets (csprov) or whole (rq).")
-    @click.pass_context
-    def command(ctx, rid, source, to, depth, payload, backend) -> None:
-        _query(ctx, direction, rid, source, to, depth, payload, backend)
+def _mask(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: a bit mask of columns, e.g. 5 or 0b101") from None
+
+
+_ROW_OPTIONS = [
+    click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid)."),
+    click.option("--source", default=None, help=f"The row's address: {SOURCE_FORMS}."),
+    click.option("--depth", type=int, default=16, show_default=True, help="Longest path followed, in edges (each way)."),
+    click.option("--payload", is_flag=True, help="Add the original source records."),
+    click.option("--backend", type=click.Choice(BACKENDS), default="cypher", show_default=True,
+                 help="The graph store (cypher), or the Parquet store by connected sets (csprov) or whole (rq)."),
+]
+
+
+def _lineage_command(question: str, name: str, defaults: dict, summary: str) -> None:
+    def command(ctx, rid, source, backend, **options) -> None:
+        if "cols" in options:
+            options["cols"] = _mask(options["cols"])
+        _query(ctx, question, rid, source, backend, **options)
 
     command.__doc__ = summary
-    lineage.command(direction)(command)
+    for option in reversed(_ROW_OPTIONS):
+        command = option(command)
+    command = click.option("--to", default=defaults["to"], show_default=True,
+                           help="The rows answered: source, state or output, or a dataset name.")(command)
+    if "via" in defaults:
+        command = click.option("--via", default=defaults["via"], show_default=True,
+                               help="The rows in between: source, state or output, or a dataset name.")(command)
+    else:
+        command = click.option("--cols", default=None, help="Attribute level: a bit mask of the columns of the "
+                               "row asked about (backward) or of the rows answered (forward).")(command)
+        command = click.option("--paths", type=click.IntRange(0, 100), default=0, show_default=True,
+                               help="How-provenance: keep up to N paths (query, batch, op steps) per row.")(command)
+    lineage.command(name)(click.pass_context(command))
 
 
-_lineage_command("backward", "source", "The inputs a row was derived from.")
-_lineage_command("forward", "output", "The rows derived from an input.")
+_lineage_command("backward", "backward", {"to": "source"}, "The inputs a row was derived from.")
+_lineage_command("forward", "forward", {"to": "output"}, "The rows derived from an input.")
+_lineage_command("co_contributors", "co-contributors", {"to": "source", "via": "output"},
+                 "The rows used together with a row to make others (TensProv Q10).")
+_lineage_command("co_dependents", "co-dependents", {"to": "output", "via": "source"},
+                 "The rows derived from the inputs of a row (TensProv Q11).")
 
 
 @main.command("serve")

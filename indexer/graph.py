@@ -8,6 +8,8 @@ idempotent by MERGE; edges as below.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -50,6 +52,11 @@ MERGE_EDGES = (
 )
 MERGE_DATASET = "MERGE (d:Dataset {name: $name}) SET d += $props"
 MERGE_BATCH = "MERGE (b:Batch {query: $query, batch: $batch}) SET b += $props"
+BATCH_STATUSES = (
+    "UNWIND $pairs AS p "
+    "MATCH (b:Batch {query: p.query, batch: p.batch}) "
+    "RETURN b.query AS query, b.batch AS batch, b.status AS status"
+)
 
 CHUNK = 5000  # rows per statement
 
@@ -113,3 +120,25 @@ class GraphWriter:
         with self._session() as s:
             params = {"query": query, "batch": batch, "props": props}
             s.execute_write(lambda tx: tx.run(MERGE_BATCH, params).consume())
+
+
+def batch_statuses(graph, pairs: Iterable[tuple[str, int]], database: str | None = None) -> dict:
+    """Each batch's capture status from its ``(:Batch)`` node: ``{(query, batch): status | None}``.
+
+    ``graph`` is a driver (a session of ``database`` is opened) or an open session. None
+    where the batch has no node or no status (only its progress was logged).
+    """
+    found: dict[tuple[str, int], str | None] = {(query, int(batch)): None for query, batch in pairs}
+    keys = [{"query": query, "batch": batch} for query, batch in found]
+
+    def read(session) -> None:
+        for i in range(0, len(keys), CHUNK):
+            for row in session.run(BATCH_STATUSES, pairs=keys[i: i + CHUNK]):
+                found[(row["query"], row["batch"])] = row["status"]
+
+    if hasattr(graph, "session"):
+        with graph.session(database=database) as session:
+            read(session)
+    else:
+        read(graph)
+    return found

@@ -10,9 +10,12 @@ the Kafka offset is committed only after both. On assignment, a partition resume
 where its shard's last committed range ends, so a crash at any point writes no edge
 twice into the store.
 
+A log record goes to the graph, then to the store's batch log (``batch_log.py``: the
+gap map, readable without the graph); its offset is committed once both hold it.
+
 A graph that is away (connection lost, transient errors) is retried from the first
-unwritten message; a write the graph rejects is retried message by message, and the
-messages it still rejects go to the dlq.
+unwritten message, and so is a store that fails (``OSError``); a write the graph
+rejects is retried message by message, and the messages it still rejects go to the dlq.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from headwater.core.config import Config
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, concat_lineage, decode_lineage, decode_log
 
 from . import metrics
+from .batch_log import BatchLogWriter
 from .graph import GraphWriter
 from .shard import Shard, shard_root
 
@@ -105,12 +109,13 @@ class _Assignment(ConsumerRebalanceListener):
 
     def on_partitions_revoked(self, revoked):
         self.indexer.release([tp.partition for tp in revoked if tp.topic == self.indexer.config.edges_topic])
+        self.indexer.batch_log.release([tp.partition for tp in revoked if tp.topic == self.indexer.config.log_topic])
 
     def on_partitions_assigned(self, assigned):
         for tp in assigned:
             if tp.topic == self.indexer.config.edges_topic:
                 self.consumer.seek(tp, self.indexer.shard(tp.partition).resume)
-                self.indexer.unverified.add(tp)  # checked after the poll: no blocking calls here
+            self.indexer.unverified.add(tp)  # checked after the poll: no blocking calls here
 
 
 class Indexer:
@@ -122,10 +127,11 @@ class Indexer:
         self.graph = GraphWriter(config)
         self.store_dir = config.store_path()
         self.shards: dict[int, Shard] = {}
+        self.batch_log = BatchLogWriter(self.store_dir, config.log_topic)
         self._graph_thread = ThreadPoolExecutor(1, thread_name_prefix="headwater-graph")
         self._dlq = None
         self._fault_pause_s = float(os.environ.get(FAULT_PAUSE_ENV, "0"))
-        self.unverified: set = set()  # edges partitions assigned whose shard's resume point is not checked yet
+        self.unverified: set = set()  # partitions assigned whose store folder is not checked against the group yet
 
     def shard(self, partition: int) -> Shard:
         """The store shard of an edges partition, opened (recovered, index rebuilt) on first use."""
@@ -253,7 +259,7 @@ class Indexer:
             self.to_dlq(message, str(exc))
             return
         try:
-            self._write_log(record)
+            self._write_log(record, message.partition, message.offset)
         except RETRYABLE:
             raise
         except REJECTED as exc:
@@ -262,17 +268,25 @@ class Indexer:
         self.stats.log_records += 1
         self.stats.messages += 1
 
-    def _write_log(self, record: dict) -> None:
+    def _write_log(self, record: dict, partition: int, offset: int) -> None:
+        """Into the graph, then into the store's batch log (``batch_log.py``): both durable before the offset commit."""
         if record["schema"] == LOG_PLAN:
+            datasets: dict[str, dict] = {}
             for source in record.get("sources", []):
                 if source.get("source") == "static" and source.get("dataset"):
-                    self.graph.write_dataset(source["dataset"], _dataset_props(source))
+                    props = _dataset_props(source)
+                    self.graph.write_dataset(source["dataset"], props)
+                    datasets.setdefault(source["dataset"], {}).update(props)
+            if datasets:
+                self.batch_log.append_datasets(partition, offset, datasets)
         elif record["schema"] in (LOG_BATCH, LOG_PROGRESS):
+            fields = {k: v for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
             # Both halves of a batch's log entry land on one Batch node; nested values
             # (source offsets, durations) as JSON text, since properties are flat.
             props = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v, sort_keys=True)
-                     for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
+                     for k, v in fields.items()}
             self.graph.write_batch(record["query"], int(record["batch"]), props)
+            self.batch_log.append_batch(partition, offset, record["query"], int(record["batch"]), fields)
 
     def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None) -> IndexerStats:
         """Index until stopped; with ``drain``, until caught up and idle for ``idle_s``."""
@@ -303,10 +317,18 @@ class Indexer:
         The shard then has data the group never committed: the topic is not the one the
         shard was built from (a broker that lost its data, a topic recreated), or the
         group is new. Either way the shard cannot say where to resume, so it is set
-        aside and the partition is indexed again from its beginning.
+        aside and the partition is indexed again from its beginning. A log partition's
+        batch log starts a new epoch instead: what the partition is read for again from
+        its beginning then comes after what the batch log holds, which it keeps.
         """
         polled = dict(polled)
         for tp in self.unverified & consumer.assignment():
+            if tp.topic == self.config.log_topic:
+                if self.batch_log.holds(tp.partition) and consumer.committed(tp) is None:
+                    epoch = self.batch_log.new_epoch(tp.partition)
+                    self.say(f"batch log {self.config.log_topic}/{tp.partition}: the consumer group has no offset "
+                             f"for it, so the partition is read again from its beginning in epoch {epoch}")
+                continue
             if self.shard(tp.partition).resume and consumer.committed(tp) is None:
                 self.set_aside(tp.partition)
                 consumer.seek_to_beginning(tp)
@@ -374,6 +396,7 @@ class Indexer:
     def close(self) -> None:
         self._graph_thread.shutdown(wait=True)
         self.graph.close()
+        self.batch_log.close()
         if self._dlq is not None:
             self._dlq.close()
 

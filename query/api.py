@@ -2,8 +2,26 @@
 
     from headwater.query.api import LineageClient
     with LineageClient() as lineage:
-        for row in lineage.backward(rid):
+        answer = lineage.backward(rid)
+        for row in answer:
             print(row.dataset, row.topic, row.partition, row.offset, row.key)
+        if not answer.complete:
+            print("batches not fully captured on the way:", answer.gaps)
+
+Questions (TensProv's query classes, §IV):
+
+- ``backward`` / ``forward``: the rows a row was derived from / that were derived from
+  it, record level; with ``cols`` (a mask of the asked row's columns, backward; of the
+  answer rows' columns, forward), attribute level; with ``paths``, how-provenance (the
+  ``(query, batch, op)`` steps of each path).
+- ``co_contributors`` (Q10): the rows (``to``) that were used together with a row to make
+  rows of ``via``: forward to ``via``, then backward from there.
+- ``co_dependents`` (Q11): the rows (``to``) derived from the ``via`` rows a row was
+  derived from: backward to ``via``, then forward from there.
+
+Every answer (``backward.Answer``) says whether every batch on its way was fully
+captured (``complete``), and if not, which (``gaps``, from the batch log) and where
+lineage stops short (``unexplained``).
 """
 
 from __future__ import annotations
@@ -11,7 +29,7 @@ from __future__ import annotations
 from headwater.core import config as configuration
 from headwater.core.config import Config
 
-from .backend import Lineage
+from .backend import Answer, Gap, Lineage, LineageError, lineage_of, ordered
 from .cypher import CypherBackend
 from .parquet import CSProvBackend, RecursiveBackend
 from .payload import attach_payload
@@ -19,6 +37,7 @@ from .payload import attach_payload
 # cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
 # rq: the Parquet store scanned whole at every level (the baseline CSProv is measured against).
 BACKENDS = {"cypher": CypherBackend, "csprov": CSProvBackend, "rq": RecursiveBackend}
+MAX_PATHS = 100  # paths kept per answer row, at most, for how-provenance
 
 
 class LineageClient:
@@ -46,10 +65,60 @@ class LineageClient:
             attach_payload(item, self.config.bootstrap, datasets.get(item.dataset))
         return found
 
-    def backward(self, rid: int, to: str = "source", depth: int = 16, payload: bool = False) -> list[Lineage]:
-        found = self.backend.backward(rid, to=to, depth=depth)
-        return self.with_payload(found) if payload else found
+    def backward(self, rid: int, to: str = "source", depth: int = 16, payload: bool = False,
+                 cols: int | None = None, paths: int = 0) -> Answer:
+        """The rows (``to``: a kind of row or a dataset) ``rid`` was derived from, within ``depth`` edges."""
+        return self._one_way(rid, to, depth, payload, cols, paths, backward=True)
 
-    def forward(self, rid: int, to: str = "output", depth: int = 16, payload: bool = False) -> list[Lineage]:
-        found = self.backend.forward(rid, to=to, depth=depth)
-        return self.with_payload(found) if payload else found
+    def forward(self, rid: int, to: str = "output", depth: int = 16, payload: bool = False,
+                cols: int | None = None, paths: int = 0) -> Answer:
+        """The rows (``to``) derived from ``rid``, within ``depth`` edges."""
+        return self._one_way(rid, to, depth, payload, cols, paths, backward=False)
+
+    def co_contributors(self, rid: int, to: str = "source", via: str = "output", depth: int = 16,
+                        payload: bool = False) -> Answer:
+        """The ``to`` rows used together with ``rid`` to make ``via`` rows (TensProv Q10)."""
+        return self._two_ways(rid, to, via, depth, payload, first_backward=False)
+
+    def co_dependents(self, rid: int, to: str = "output", via: str = "source", depth: int = 16,
+                      payload: bool = False) -> Answer:
+        """The ``to`` rows derived from the ``via`` rows ``rid`` was derived from (TensProv Q11)."""
+        return self._two_ways(rid, to, via, depth, payload, first_backward=True)
+
+    def _one_way(self, rid, to, depth, payload, cols, paths, backward: bool) -> Answer:
+        if cols is not None and (not isinstance(cols, int) or isinstance(cols, bool) or cols == 0):
+            raise LineageError(f"cols is a non-zero bit mask of columns, not {cols!r}")
+        if not isinstance(paths, int) or isinstance(paths, bool) or not 0 <= paths <= MAX_PATHS:
+            raise LineageError(f"paths is how many paths to keep per row, 0 to {MAX_PATHS}, not {paths!r}")
+        self.backend.require(rid)
+        walked, records = self.backend.walk([rid], depth, backward, cols if backward else None, paths)
+        found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
+        return self._answer(rid, found, [(walked, records, backward)], payload)
+
+    def _two_ways(self, rid, to, via, depth, payload, first_backward: bool) -> Answer:
+        self.backend.require(rid)
+        first, first_records = self.backend.walk([rid], depth, first_backward)
+        middle = [x.rid for x in lineage_of(rid, first.found, first_records, via)]
+        legs = [(first, first_records, first_backward)]
+        found = []
+        if middle:
+            second, records = self.backend.walk(middle, depth, not first_backward)
+            legs.append((second, records, not first_backward))
+            found = [x for x in lineage_of(rid, second.found, records, to) if x.rid != rid]
+        return self._answer(rid, ordered(found), legs, payload)
+
+    def _answer(self, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
+        crossed = set().union(*(walked.crossed for walked, _, _ in legs))
+        statuses = self.backend.batch_statuses(sorted(crossed)) if crossed else {}
+        gaps = [Gap(query, batch, status) for (query, batch), status in sorted(statuses.items())
+                if status != "full"]
+        unexplained = {}
+        for walked, records, backward in legs:
+            if backward:  # a row that is not a source but has no recorded inputs
+                for row in walked.ends:
+                    record = records.get(row, {})
+                    if record.get("kind") != "source":
+                        unexplained[row] = {"rid": row, "kind": record.get("kind"), "dataset": record.get("dataset")}
+        if payload:
+            found = self.with_payload(found)
+        return Answer(rid, found, gaps, [unexplained[r] for r in sorted(unexplained)])

@@ -1,16 +1,22 @@
-"""The lineage query interface every backend implements.
+"""The lineage query interface every backend implements, and the answer they all give.
 
-To add a backend: one module with a class implementing ``LineageBackend`` (``backward``
-and ``forward``), returning ``Lineage`` records; register it in ``BACKENDS`` in
-``headwater.query.api``.
+To add a backend: one module with a class deriving from ``WalkingBackend`` that says how
+to find the edges adjacent to a frontier of rows and the records of rows (``_question``,
+or ``_step`` and ``_records``), and where the batch log is (``batch_statuses``); register
+it in ``BACKENDS`` in ``headwater.query.api``. The walk (``walk.walk``) and the answer
+built from it are shared, so every backend gives the same answer.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Callable
+
+import pyarrow as pa
 
 MAX_DEPTH = 64
+# What the stores record of a row (graph node properties, Parquet rows records).
+ROW_FIELDS = ("rid", "kind", "dataset", "topic", "partition", "offset", "key", "path", "position")
 
 
 class LineageError(ValueError):
@@ -43,12 +49,65 @@ class Lineage:
     exact: bool = True
     via: str = "edges"
     payload: object = None
+    # How-provenance, when asked for: paths to it, each a list of [query, batch, op] steps in
+    # data-flow order (the first ones in sorted order); paths_cut: there were more.
+    paths: list[list] | None = None
+    paths_cut: bool | None = None
 
     def to_dict(self) -> dict:
         found = asdict(self)
-        if self.payload is None:
-            found.pop("payload")
+        for name in OPTIONAL_FIELDS:
+            if found[name] is None:
+                found.pop(name)
         return found
+
+
+OPTIONAL_FIELDS = ("payload", "paths", "paths_cut")  # in a record only when asked for
+
+
+@dataclass
+class Gap:
+    """A batch on an answer's way that was not fully captured: the answer may miss rows through it."""
+
+    query: str
+    batch: int
+    status: str | None  # its capture status in the batch log; None: not in the log (yet)
+
+
+@dataclass
+class Answer:
+    """The rows a lineage question found, and what may be missing from them.
+
+    ``gaps``: batches whose edges the walk crossed that the batch log does not record as
+    fully captured. ``unexplained`` (backward): rows the walk reached that are not
+    sources yet have no recorded inputs, so lineage stops there: the batch that made
+    them was not captured (or is not indexed yet). The log-only fallback (issue 7) fills
+    in both; until then the records are what the edges say.
+    """
+
+    of: int
+    records: list[Lineage]
+    gaps: list[Gap] = field(default_factory=list)
+    unexplained: list[dict] = field(default_factory=list)  # {"rid", "kind", "dataset"} of each
+    truncated: bool = False  # the records were cut to a limit
+
+    @property
+    def complete(self) -> bool:
+        return not self.gaps and not self.unexplained
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index):
+        return self.records[index]
+
+    def summary(self) -> dict:
+        """Everything but the records."""
+        return {"of": self.of, "records": len(self.records), "complete": self.complete,
+                "gaps": [asdict(g) for g in self.gaps], "unexplained": self.unexplained, "truncated": self.truncated}
 
 
 def ordered(found) -> list[Lineage]:
@@ -63,7 +122,92 @@ def check_depth(depth: int) -> int:
     return depth
 
 
-class LineageBackend(Protocol):
-    def backward(self, rid: int, to: str = "source", depth: int = 16) -> list[Lineage]: ...
+def check_rid(rid: int) -> int:
+    if not isinstance(rid, int) or isinstance(rid, bool) or not -(1 << 63) <= rid < 1 << 63:
+        raise LineageError(f"a rid is a signed 64-bit integer, not {rid!r}")
+    return rid
 
-    def forward(self, rid: int, to: str = "output", depth: int = 16) -> list[Lineage]: ...
+
+def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: int | None = None,
+               paths: bool = False) -> list[Lineage]:
+    """The targets among the rows a walk found (``walk.Reach`` by rid), as ``Lineage`` records in answer order.
+
+    ``cols`` (forward): only rows some of whose paths end in one of those columns.
+    """
+    from .walk import is_target
+
+    answer = []
+    for row, reach in found.items():
+        record = records.get(row, {})
+        if not is_target(to, record.get("kind"), record.get("dataset")):
+            continue
+        if cols is not None and not reach.cols & cols:
+            continue
+        answer.append(Lineage(
+            of=rid, rid=row, **{k: record.get(k) for k in ROW_FIELDS[1:]}, ops=sorted(reach.ops), cols=reach.cols,
+            batches=sorted(reach.batches), exact=reach.exact, via="edges",
+            paths=[[list(hop) for hop in p] for p in sorted(reach.paths)] if paths else None,
+            paths_cut=reach.paths_cut if paths else None))
+    return ordered(answer)
+
+
+class Question:
+    """One question's access to a store: the edges adjacent to a frontier, and rows' records."""
+
+    def __init__(self, step: Callable[[list[int]], pa.Table], records: Callable[[list[int]], dict[int, dict]]):
+        self.step = step
+        self.records = records
+
+
+class WalkingBackend:
+    """A backend answers by ``walk.walk`` over its store's edges; subclasses say how to reach them."""
+
+    store = "store"  # what the errors call it
+
+    def _question(self, backward: bool) -> Question:
+        return Question(self._step(backward), self._records)
+
+    def _step(self, backward: bool) -> Callable[[list[int]], pa.Table]:
+        raise NotImplementedError
+
+    def _records(self, rids) -> dict[int, dict]:
+        """``ROW_FIELDS`` of those of ``rids`` the store holds, by rid."""
+        raise NotImplementedError
+
+    def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
+        """The batch log's capture status of each ``(query, batch)``; None where it has none."""
+        raise NotImplementedError
+
+    def dataset(self, name: str) -> dict | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+    def require(self, rid: int) -> None:
+        """``UnknownRow`` unless the store holds the row ``rid``."""
+        if check_rid(rid) not in self._records([rid]):
+            raise UnknownRow(f"rid {rid} is not in the lineage {self.store} (not captured, or not indexed yet)")
+
+    def walk(self, starts: list[int], depth: int, backward: bool, cols: int | None = None, paths: int = 0,
+             max_reach: int | None = None):
+        """``walk.walk`` from ``starts``, and the records of every row it started from, found or ended on."""
+        from .walk import MAX_REACH, walk
+
+        check_depth(depth)
+        question = self._question(backward)
+        found = walk(starts, depth, backward, question.step, cols if backward else None, paths,
+                     max_reach or MAX_REACH)
+        return found, question.records(sorted(set(found.found) | found.ends | set(starts)))
+
+    def backward(self, rid: int, to: str = "source", depth: int = 16, cols: int | None = None,
+                 paths: int = 0) -> list[Lineage]:
+        self.require(rid)
+        found, records = self.walk([rid], depth, True, cols, paths)
+        return lineage_of(rid, found.found, records, to, paths=bool(paths))
+
+    def forward(self, rid: int, to: str = "output", depth: int = 16, cols: int | None = None,
+                paths: int = 0) -> list[Lineage]:
+        self.require(rid)
+        found, records = self.walk([rid], depth, False, None, paths)
+        return lineage_of(rid, found.found, records, to, cols, bool(paths))

@@ -1,26 +1,30 @@
-"""Lineage over the graph store with portable Cypher."""
+"""Lineage over the graph store with portable Cypher: one indexed lookup of a frontier's edges per level.
+
+The walk itself is ``walk.walk``'s, as for every backend: a variable-length ``MATCH``
+would enumerate every path, and a lineage DAG with hubs has exponentially many.
+"""
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
+from headwater.core.schema import EDGE_SCHEMA
+from headwater.indexer.graph import batch_statuses
 
-from .backend import Lineage, LineageError, UnknownRow, check_depth, ordered
+from .backend import ROW_FIELDS, WalkingBackend
 
-_ROW_FIELDS = "n.rid AS rid, n.kind AS kind, n.dataset AS dataset, n.topic AS topic, " \
-              "n.partition AS partition, n.offset AS offset, n.key AS key, n.path AS path, n.position AS position"
-
-_KINDS = ("source", "state", "output")
-
-
-def _target_clause(to: str) -> tuple[str, dict]:
-    """``source``/``output``/``state``: rows of that kind; anything else: a dataset name."""
-    if to in _KINDS:
-        return "n.kind = $to", {"to": to}
-    return "n.dataset = $to", {"to": to}
+_EDGES = ("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
+          "RETURN a.rid AS src, b.rid AS dst, e.query AS query, e.batch AS batch, e.op AS op, "
+          "e.exact AS exact, e.cols AS cols")
+_ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
+_CHUNK = 5000  # rids per statement
 
 
-class CypherBackend:
+class CypherBackend(WalkingBackend):
+    store = "graph"
+
     def __init__(self, config: Config):
         self.config = config
         self._driver = driver(config)
@@ -32,46 +36,26 @@ class CypherBackend:
         with self._driver.session(database=self.config.graph_database) as s:
             return [r.data() for r in s.run(query, **params)]
 
-    def _require(self, rid: int) -> None:
-        if not isinstance(rid, int) or not -(1 << 63) <= rid < 1 << 63:
-            raise LineageError(f"a rid is a signed 64-bit integer, not {rid!r}")
-        if not self._run("MATCH (n:Row {rid: $rid}) RETURN n.rid AS rid", rid=rid):
-            raise UnknownRow(f"rid {rid} is not in the lineage graph (not captured, or not indexed yet)")
+    def _chunked(self, query: str, name: str, rids) -> list[dict]:
+        rids = list(rids)
+        return [row for i in range(0, len(rids), _CHUNK) for row in self._run(query, **{name: rids[i: i + _CHUNK]})]
 
-    def _walk(self, rid: int, to: str, depth: int, backward: bool) -> list[Lineage]:
-        check_depth(depth)
-        self._require(rid)
-        where, params = _target_clause(to)
-        # The depth bound cannot be a Cypher parameter; check_depth made it a small int.
-        pattern = f"(n:Row)-[es:DERIVED*1..{depth}]->(o:Row {{rid: $rid}})" if backward \
-            else f"(o:Row {{rid: $rid}})-[es:DERIVED*1..{depth}]->(n:Row)"
-        rows = self._run(
-            f"MATCH {pattern} WHERE {where} "
-            f"RETURN {_ROW_FIELDS}, [e IN es | e.op] AS ops, [e IN es | e.batch] AS batches, "
-            f"[e IN es | e.exact] AS exact, es[size(es) - 1].cols AS cols",
-            rid=rid, **params,
-        )
-        found: dict[int, Lineage] = {}
-        for row in rows:
-            exact = all(x is not False for x in row.pop("exact"))
-            ops, batches = row.pop("ops"), row.pop("batches")
-            item = found.get(row["rid"])
-            if item is not None and item.cols != row["cols"]:
-                item.cols = -1 if None in (item.cols, row["cols"]) else item.cols | row["cols"]
-            if item is None:
-                found[row["rid"]] = Lineage(of=rid, ops=sorted(set(ops)), batches=sorted(set(batches)),
-                                            exact=exact, **row)
-            else:  # another path to the same row: the answer is over every path (query/walk.py)
-                item.exact = item.exact and exact
-                item.ops = sorted(set(item.ops) | set(ops))
-                item.batches = sorted(set(item.batches) | set(batches))
-        return ordered(found.values())
+    def _step(self, backward: bool):
+        query = _EDGES.format(near="b" if backward else "a")
 
-    def backward(self, rid: int, to: str = "source", depth: int = 16) -> list[Lineage]:
-        return self._walk(rid, to, depth, backward=True)
+        def step(frontier: list[int]) -> pa.Table:
+            rows = self._chunked(query, "frontier", frontier)
+            for row in rows:  # edges written before masks or flags were recorded
+                row["exact"] = row["exact"] is not False
+                row["cols"] = -1 if row["cols"] is None else row["cols"]
+            return pa.Table.from_pylist(rows, EDGE_SCHEMA)
+        return step
 
-    def forward(self, rid: int, to: str = "output", depth: int = 16) -> list[Lineage]:
-        return self._walk(rid, to, depth, backward=False)
+    def _records(self, rids) -> dict[int, dict]:
+        return {row["rid"]: row for row in self._chunked(_ROWS, "rids", rids)}
+
+    def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
+        return batch_statuses(self._driver, pairs, self.config.graph_database)
 
     def dataset(self, name: str) -> dict | None:
         rows = self._run("MATCH (d:Dataset {name: $name}) RETURN properties(d) AS p", name=name)

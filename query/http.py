@@ -45,7 +45,7 @@ from headwater.indexer.store import EdgeStore
 
 from . import api
 from .address import SOURCE_FORMS, parse_source
-from .backend import MAX_DEPTH, Lineage, LineageError, UnknownRow, check_depth
+from .backend import MAX_DEPTH, OPTIONAL_FIELDS, Lineage, LineageError, UnknownRow, check_depth
 
 TOKEN_ENV = "HEADWATER_HTTP_TOKEN"
 MIN_TOKEN_LENGTH = 16
@@ -92,6 +92,22 @@ def _payload(text: str) -> bool:
     return text == "true"
 
 
+def _cols(text: str) -> int:
+    try:
+        mask = int(text, 0) if len(text) <= 70 else 0
+    except ValueError:
+        mask = 0
+    if not mask or not -(1 << 63) <= mask < 1 << 63:
+        raise LineageError(f"cols is a non-zero 64-bit mask of columns (e.g. 5 or 0b101), not {_shown(text)}")
+    return mask
+
+
+def _paths(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,3}", text) or int(text) > api.MAX_PATHS:
+        raise LineageError(f"paths is how many paths to keep per row, 0 to {api.MAX_PATHS}, not {_shown(text)}")
+    return int(text)
+
+
 def _backend(text: str) -> str:
     if text not in api.BACKENDS:
         raise LineageError(f"backend is one of {', '.join(sorted(api.BACKENDS))}, not {_shown(text)}")
@@ -110,7 +126,7 @@ class Param:
 
 @dataclass(frozen=True)
 class Route:
-    """``GET path``: answered by ``LineageClient.<method>(rid, **options)``, a list of ``Lineage`` records."""
+    """``GET path``: answered by ``LineageClient.<method>(rid, **options)``, a ``backend.Answer``."""
 
     path: str
     method: str
@@ -128,16 +144,30 @@ ROW = (
 )
 BACKEND = Param("backend", {"type": "string"}, "cypher: the graph store; csprov: the Parquet store by connected "
                 "sets; rq: the Parquet store scanned whole. Default: the server's.", _backend)
+TO = Param("to", {"type": "string"}, "The rows answered: source, state or output rows, or the rows of the "
+           "dataset it names (an unknown name: no rows).", str)
+DEPTH = Param("depth", {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH}, "Longest path followed, in edges "
+              "(each way, for the co- questions).", _depth)
+PAYLOAD = Param("payload", {"type": "boolean"}, "Add each row's original source record (Kafka by offset, Parquet "
+                "file rows by position, file-backed static tables by key).", _payload)
 LINEAGE_OPTIONS = (
-    Param("to", {"type": "string"}, "The targets: source, state or output rows, or the rows of the dataset it "
-          "names (an unknown name: no rows).", str),
-    Param("depth", {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH}, "Longest path followed, in edges.", _depth),
-    Param("payload", {"type": "boolean"}, "Add each row's original source record (Kafka by offset, Parquet file "
-          "rows by position, file-backed static tables by key).", _payload),
+    TO, DEPTH, PAYLOAD,
+    Param("cols", {"type": "string"}, "Attribute level: a bit mask (decimal, 0x… or 0b…) of the columns of the row "
+          "asked about (backward) or of the rows answered (forward).", _cols),
+    Param("paths", {"type": "integer", "minimum": 0, "maximum": api.MAX_PATHS}, "How-provenance: keep up to this "
+          "many paths per row, each a list of [query, batch, op] steps in data-flow order.", _paths),
+)
+CO_OPTIONS = (
+    TO, Param("via", {"type": "string"}, "The rows in between: source, state or output rows, or a dataset.", str),
+    DEPTH, PAYLOAD,
 )
 ROUTES = (
     Route("/v1/lineage/backward", "backward", "The inputs a row was derived from.", LINEAGE_OPTIONS),
     Route("/v1/lineage/forward", "forward", "The rows derived from an input.", LINEAGE_OPTIONS),
+    Route("/v1/lineage/co-contributors", "co_contributors",
+          "The rows used together with a row to make others (TensProv Q10).", CO_OPTIONS),
+    Route("/v1/lineage/co-dependents", "co_dependents",
+          "The rows derived from the inputs of a row (TensProv Q11).", CO_OPTIONS),
 )
 
 
@@ -171,6 +201,10 @@ _FIELD_SCHEMAS = {
     "int": _INT64, "int | None": {**_INT64, "nullable": True}, "str": {"type": "string"},
     "str | None": {"type": "string", "nullable": True}, "bool": {"type": "boolean"},
     "list[int]": {"type": "array", "items": _INT64},
+    "list[list] | None": {"type": "array", "nullable": True, "items": {"type": "array", "items": {
+        "type": "array", "description": "[query, batch, op]", "items": {}}},
+        "description": "How-provenance: only with paths > 0."},
+    "bool | None": {"type": "boolean", "nullable": True, "description": "Only with paths > 0."},
     "object": {"description": "The original source record; only with payload=true."},
 }
 
@@ -178,7 +212,8 @@ _FIELD_SCHEMAS = {
 def _schema_of_lineage() -> dict:
     """``Lineage``'s fields as an OpenAPI schema; a field of a type not mapped here fails loudly, not silently."""
     properties = {f.name: _FIELD_SCHEMAS[f.type] for f in fields(Lineage)}
-    return {"type": "object", "properties": properties, "required": [n for n in properties if n != "payload"]}
+    return {"type": "object", "properties": properties,
+            "required": [n for n in properties if n not in OPTIONAL_FIELDS]}
 
 
 def openapi(default_backend: str, secured: bool) -> dict:
@@ -222,10 +257,22 @@ def openapi(default_backend: str, secured: bool) -> dict:
         "paths": paths,
         "components": {"schemas": {
             "Lineage": _schema_of_lineage(),
-            "Answer": {"type": "object", "required": ["of", "answer", "truncated"], "properties": {
+            "Answer": {"type": "object", "required": ["of", "answer", "truncated", "complete", "gaps",
+                                                      "unexplained"], "properties": {
                 "of": {**_INT64, "description": "The rid asked about."},
                 "answer": {"type": "array", "items": {"$ref": "#/components/schemas/Lineage"}},
-                "truncated": {"type": "boolean", "description": "The answer was cut to the server's max_results."}}},
+                "truncated": {"type": "boolean", "description": "The answer was cut to the server's max_results."},
+                "complete": {"type": "boolean", "description": "Every batch on the way was fully captured, "
+                             "and no row on the way lacks its recorded inputs."},
+                "gaps": {"type": "array", "description": "Batches on the way the batch log does not record as "
+                         "fully captured (status null: not in the log yet).", "items": {
+                             "type": "object", "properties": {"query": {"type": "string"}, "batch": _INT64,
+                                                              "status": {"type": "string", "nullable": True}}}},
+                "unexplained": {"type": "array", "description": "Rows on the way (backward) that are not sources "
+                                "yet have no recorded inputs: lineage stops there.", "items": {
+                                    "type": "object", "properties": {"rid": _INT64,
+                                                                     "kind": {"type": "string", "nullable": True},
+                                                                     "dataset": {"type": "string", "nullable": True}}}}}},
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}}},
     }
     if secured:
@@ -498,12 +545,14 @@ class LineageServer(ThreadingHTTPServer):
         client, serial = self.clients.get(backend)
         payload = options.pop("payload", False)
         with serial:
-            found = getattr(client, route.method)(rid, **options)
-        truncated = len(found) > self.max_results
-        found = found[: self.max_results]
+            answer = getattr(client, route.method)(rid, **options)
+        truncated = len(answer) > self.max_results
+        found = answer.records[: self.max_results]
         if payload:  # only the rows kept: a payload may be one Kafka read each
             found = client.with_payload(found)
-        return {"of": rid, "answer": [item.to_dict() for item in found], "truncated": truncated}
+        summary = answer.summary()
+        return {"of": rid, "answer": [item.to_dict() for item in found], "truncated": truncated,
+                "complete": summary["complete"], "gaps": summary["gaps"], "unexplained": summary["unexplained"]}
 
     def start(self) -> "LineageServer":
         self._thread = threading.Thread(target=self.serve_forever, name="headwater-http", daemon=True)

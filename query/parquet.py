@@ -5,11 +5,13 @@ ranges the generation does not hold yet (``generation.snapshot``): a ``StoreView
 reads the latter whole, into memory (they are what arrived since the last
 compaction), and the generation as the backend needs it.
 
-- ``CSProvBackend`` (CSProv §III): finds the asked row's set in the generation, the
-  sets it depends on (``backward``) or that depend on it (``forward``) from the set
-  dependencies, reads only those sets' buckets, and walks them with the shards' recent
-  edges. A row the walk reaches through recent edges whose own sets are not read yet
-  has them read then.
+- ``CSProvBackend`` (CSProv §III): an edge lies in its dst's set, so a backward step
+  reads the sets of the frontier's rows, and a forward step those sets and the ones the
+  rows' edges cross into (the generation's ``exits``); the rows records (read first,
+  by rid, from a few small row groups) say each row's set and whether it has edges in or
+  out at all, so a source's set is never read for a backward step. Each set is read
+  once per question, from the row groups of its bucket that hold it, and walked with
+  the shards' recent edges.
 - ``RecursiveBackend``: the baseline CSProv is measured against; every level of the
   walk scans every edge file of the generation.
 
@@ -26,12 +28,12 @@ import pyarrow.dataset as ds
 
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
+from headwater.indexer.batch_log import BatchLog
 from headwater.indexer.generation import Generation, snapshot
 from headwater.indexer.shard import ROWS_SCHEMA
 from headwater.indexer.store import STORE_SCHEMA
 
-from .backend import Lineage, LineageError, UnknownRow, check_depth, ordered
-from .walk import Reach, is_target, walk
+from .backend import Question, WalkingBackend
 
 EDGE_COLUMNS = EDGE_SCHEMA.names
 
@@ -60,89 +62,53 @@ class StoreView:
                 if attempt == attempts - 1:
                     raise
 
-    def rows(self, rids, held: dict[int, dict] | None = None) -> pa.Table:
-        """Rows records of ``rids`` (one per rid: the generation's, else the shards'); ``held``: the
-        generation's records already read, by rid."""
-        wanted = pa.array(sorted(set(rids)), pa.int64())
-        recent = self.recent_rows.filter(pc.is_in(self.recent_rows["rid"], wanted))
-        if self.generation is None:
-            return recent
-        held = held or {}
-        read = self.generation.rows([r for r in wanted.to_pylist() if r not in held]).select(ROWS_SCHEMA.names)
-        found = pa.concat_tables([read.cast(ROWS_SCHEMA),
-                                  pa.Table.from_pylist([held[r] for r in wanted.to_pylist() if r in held],
-                                                       ROWS_SCHEMA)])
-        recent = recent.filter(pc.invert(pc.is_in(recent["rid"], found["rid"])))
-        return pa.concat_tables([found, recent])
-
-    def answer(self, rid: int, to: str, depth: int, backward: bool, step, held: dict[int, dict] | None = None
-               ) -> list[Lineage]:
-        check_depth(depth)
-        if not isinstance(rid, int) or not -(1 << 63) <= rid < 1 << 63:
-            raise LineageError(f"a rid is a signed 64-bit integer, not {rid!r}")
-        if not self.rows([rid], held).num_rows:
-            raise UnknownRow(f"rid {rid} is not in the lineage store (not captured, or not indexed yet)")
-        found = walk(rid, depth, backward, step)
-        return lineage_of(rid, found, self.rows(found, held), to)
+    def records(self, rids, held: dict[int, dict] | None = None) -> dict[int, dict]:
+        """Rows records of those of ``rids`` the store holds, by rid (the generation's, else the shards');
+        ``held``: the generation's records read already."""
+        held = held if held is not None else {}
+        wanted = sorted(set(rids))
+        if self.generation is not None:
+            missing = [r for r in wanted if r not in held]
+            if missing:
+                held.update((r["rid"], r) for r in self.generation.rows(missing).to_pylist())
+        found = {r: held[r] for r in wanted if r in held}
+        recent = self.recent_rows.filter(pc.is_in(self.recent_rows["rid"], pa.array(wanted, pa.int64())))
+        for record in recent.to_pylist():  # rows first seen by two shards may be recorded twice: the first is kept
+            found.setdefault(record["rid"], record)
+        return found
 
 
-def lineage_of(rid: int, found: dict[int, Reach], rows: pa.Table, to: str) -> list[Lineage]:
-    """The targets among the rows ``walk`` found, as ``Lineage`` records in the Cypher backend's order."""
-    # Rows records first seen by two shards may be recorded twice: the first is kept.
-    records = {}
-    for record in rows.to_pylist():
-        records.setdefault(record["rid"], record)
-    answer = []
-    for row, reach in found.items():
-        record = records.get(row, {})
-        if not is_target(to, record.get("kind"), record.get("dataset")):
-            continue
-        answer.append(Lineage(
-            of=rid, rid=row, kind=record.get("kind"), dataset=record.get("dataset"), topic=record.get("topic"),
-            partition=record.get("partition"), offset=record.get("offset"), key=record.get("key"),
-            path=record.get("path"), position=record.get("position"), ops=sorted(reach.ops), cols=reach.cols,
-            batches=sorted(reach.batches), exact=reach.exact, via="edges"))
-    return ordered(answer)
+class _ParquetBackend(WalkingBackend):
+    store = "store"
 
-
-class _ParquetBackend:
     def __init__(self, config: Config, view: StoreView | None = None):
         self.config = config
         self.view = view or StoreView(config.store_path(), config.edges_topic)
+        self.log = BatchLog(config.store_path(), config.log_topic)
 
-    def close(self) -> None:
-        pass
+    def _records(self, rids) -> dict[int, dict]:
+        return self.view.records(rids)
+
+    def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
+        return self.log.refresh().statuses(pairs)
 
     def dataset(self, name: str) -> dict | None:
-        return None  # datasets' descriptions live in the graph store's log records
-
-    def backward(self, rid: int, to: str = "source", depth: int = 16) -> list[Lineage]:
-        return self._answer(rid, to, depth, True)
-
-    def forward(self, rid: int, to: str = "output", depth: int = 16) -> list[Lineage]:
-        return self._answer(rid, to, depth, False)
-
-    def _answer(self, rid: int, to: str, depth: int, backward: bool) -> list[Lineage]:
-        return self.view.answer(rid, to, depth, backward, self._step(backward))
+        return self.log.refresh().dataset(name)
 
 
 class CSProvBackend(_ParquetBackend):
-    def _answer(self, rid: int, to: str, depth: int, backward: bool) -> list[Lineage]:
-        held: dict[int, dict] = {}  # the generation's rows records read so far, by rid
-        return self.view.answer(rid, to, depth, backward, self._step(backward, held), held)
-
-    def _step(self, backward: bool, held: dict[int, dict]):
+    def _question(self, backward: bool) -> Question:
         gen, recent = self.view.generation, self.view.recent_edges
+        held: dict[int, dict] = {}  # the generation's rows records read so far, by rid
         near, onward = ("dst", "has_in") if backward else ("src", "has_out")
         read: set[int] = set()  # sets whose edges are loaded
-        looked_up: set[int] = set()  # rows asked of the generation (the recent ones are not in it)
         loaded: list[pa.Table] = []
 
+        def records(rids) -> dict[int, dict]:
+            return self.view.records(rids, held)
+
         def load(frontier: list[int]) -> None:
-            unknown = [r for r in frontier if r not in held and r not in looked_up]
-            looked_up.update(unknown)
-            if unknown:
-                held.update((record["rid"], record) for record in gen.rows(unknown).to_pylist())
+            records(frontier)
             going = [r for r in frontier if r in held and held[r][onward]]
             # An edge lies in its dst's set: backward, a row's edges are in its own set;
             # forward, in its own or those its edges cross into.
@@ -156,7 +122,7 @@ class CSProvBackend(_ParquetBackend):
             if gen is not None:
                 load(frontier)
             return pa.concat_tables([_adjacent(t, near, frontier) for t in loaded + [recent]])
-        return step
+        return Question(step, records)
 
 
 class RecursiveBackend(_ParquetBackend):

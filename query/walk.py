@@ -7,13 +7,22 @@ those paths:
 
 - ``ops``, ``batches``: every operator and batch on them (sorted);
 - ``exact``: every edge on every one of them exact;
-- ``cols``: the attribute mask of each path's most downstream edge, OR-ed.
+- ``cols``: the attribute mask of each path's most downstream edge, OR-ed;
+- ``paths`` (how-provenance, when asked for): the paths themselves, each a list of
+  ``(query, batch, op)`` steps in data-flow order; the first ``paths`` of them in sorted
+  order, so every backend keeps the same ones.
 
 Lineage graphs are DAGs (an output row's rid is derived from its inputs'), so these
 aggregates are computed per level, one state per row reached at that length, without
 enumerating paths: each is a union, an AND or an OR, which a merge of paths keeps
-exact. ``walk`` takes a ``step`` function giving the edges adjacent to a frontier;
-the backends differ only in how they find them.
+exact (and the first N of a union of sorted sets are the first N of the union of each
+one's first N). ``walk`` takes a ``step`` function giving the edges adjacent to a
+frontier; the backends differ only in how they find them.
+
+Attribute level: ``cols`` (a mask of the asked row's columns) keeps, backward, only the
+paths whose most downstream edge feeds one of those columns. Forward, the same
+question is a filter on each answer row's ``cols`` (``Walk.found``'s masks already are
+the answer rows' columns).
 """
 
 from __future__ import annotations
@@ -23,7 +32,10 @@ from typing import Callable
 
 import pyarrow as pa
 
+from .backend import LineageError
+
 KINDS = ("source", "state", "output")
+MAX_REACH = 1_000_000  # rows a walk may reach before it is refused as unbounded
 
 
 @dataclass
@@ -34,52 +46,95 @@ class Reach:
     exact: bool = True
     ops: set[int] = field(default_factory=set)
     batches: set[int] = field(default_factory=set)
+    paths: set[tuple] = field(default_factory=set)  # only with how-provenance asked for
+    paths_cut: bool = False  # more paths than kept
 
-    def merge(self, other: "Reach") -> None:
+    def merge(self, other: "Reach", keep: int) -> None:
         self.cols |= other.cols
         self.exact = self.exact and other.exact
         self.ops |= other.ops
         self.batches |= other.batches
+        if keep:
+            self.paths, cut = _first(self.paths | other.paths, keep)
+            self.paths_cut = self.paths_cut or other.paths_cut or cut
+
+    def copy(self) -> "Reach":
+        return Reach(self.cols, self.exact, set(self.ops), set(self.batches), set(self.paths), self.paths_cut)
+
+
+def _first(paths: set[tuple], keep: int) -> tuple[set[tuple], bool]:
+    if len(paths) <= keep:
+        return paths, False
+    return set(sorted(paths)[:keep]), True
+
+
+@dataclass
+class Walk:
+    """What a walk found: the rows reached, the batches of every edge it crossed, and where it stopped short."""
+
+    found: dict[int, Reach]
+    crossed: set[tuple[str, int]]  # (query, batch) of every edge walked
+    ends: set[int]  # rows reached (or asked about) before the depth ran out that have no edge onward
 
 
 # step(frontier rids) -> the edges with their dst (backward) or src (forward) in the frontier
 Step = Callable[[list[int]], pa.Table]
 
 
-def walk(rid: int, depth: int, backward: bool, step: Step) -> dict[int, Reach]:
-    """Every row reached from ``rid`` in 1..``depth`` edges, with its aggregate over those paths."""
+def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | None = None, paths: int = 0,
+         max_reach: int = MAX_REACH) -> Walk:
+    """Every row reached from any of ``starts`` in 1..``depth`` edges, with its aggregate over those paths.
+
+    ``cols``: backward, only paths whose most downstream edge feeds one of these
+    columns. ``paths``: keep up to that many paths per row (how-provenance).
+    ``max_reach``: a walk reaching more rows is refused (``LineageError``), not run on.
+    """
     found: dict[int, Reach] = {}
-    level: dict[int, Reach | None] = {rid: None}  # None: the asked row (no path yet)
+    crossed: set[tuple[str, int]] = set()
+    ends: set[int] = set()
+    level: dict[int, Reach | None] = dict.fromkeys(starts)  # None: a row asked about (no path yet)
     near, far = ("dst", "src") if backward else ("src", "dst")
     for _ in range(depth):
         edges = step(list(level))
-        if not edges.num_rows:
-            break
         nxt: dict[int, Reach] = {}
-        columns = [edges[c].to_pylist() for c in (near, far, "op", "batch", "exact", "cols")]
-        for at, to, op, batch, exact, cols in zip(*columns):
+        touched: set[int] = set()  # frontier rows with edges onward (whether or not the columns keep them)
+        columns = [edges[c].to_pylist() for c in (near, far, "query", "op", "batch", "exact", "cols")]
+        for at, to, query, op, batch, exact, mask in zip(*columns):
             before = level.get(at, False)
             if before is False:
                 continue  # an edge of the same set, not of the frontier
+            touched.add(at)
+            if before is None and backward and cols is not None and not mask & cols:
+                continue  # feeds none of the asked columns
+            crossed.add((query, batch))
             # The most downstream edge's mask: backward, the first edge walked; forward, the last.
-            mask = cols if before is None or not backward else before.cols
-            reach = Reach(mask, exact, {op}, {batch})
+            reach = Reach(mask if before is None or not backward else before.cols, exact, {op}, {batch})
             if before is not None:
                 reach.exact = reach.exact and before.exact
                 reach.ops |= before.ops
                 reach.batches |= before.batches
+            if paths:
+                hop = (query, batch, op)
+                reach.paths = ({(hop,)} if before is None else
+                               {(hop,) + p for p in before.paths} if backward else {p + (hop,) for p in before.paths})
+                reach.paths_cut = before is not None and before.paths_cut
             if to in nxt:
-                nxt[to].merge(reach)
+                nxt[to].merge(reach, paths)
             else:
                 nxt[to] = reach
+        ends |= set(level) - touched
         for row, reach in nxt.items():
-            copy = Reach(reach.cols, reach.exact, set(reach.ops), set(reach.batches))  # found's own, merged later
             if row in found:
-                found[row].merge(copy)
+                found[row].merge(reach.copy(), paths)
             else:
-                found[row] = copy
+                found[row] = reach.copy()
+        if len(found) > max_reach:
+            raise LineageError(f"the question reaches more than {max_reach:,} rows: narrow it with a smaller "
+                               f"depth, a dataset as its target, or columns")
+        if not nxt:
+            break
         level = dict(nxt)
-    return found
+    return Walk(found, crossed, ends)
 
 
 def is_target(to: str, kind: str | None, dataset: str | None) -> bool:

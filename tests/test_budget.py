@@ -118,6 +118,18 @@ def test_a_stream_over_budget_is_sampled_then_log_only_and_says_so(spark, stack_
     edges = {(path.rsplit("/", 1)[-1], position, rid_of[dst]) for path, position, dst in graph_edges(config, name)}
     assert edges == expected
     assert any(r.id // 10_000 == 1 for r in sink if captured(r))  # the sample is not empty
+    # Answers say which batch on their way was not fully captured, from the batch log.
+    from headwater.query.api import LineageClient
+
+    with LineageClient(config) as client, LineageClient(config, backend="csprov") as parquet:
+        for row in sink:
+            if captured(row):
+                batch = row.id // 10_000
+                for answer in (client.backward(row._hw_rid), parquet.backward(row._hw_rid)):
+                    assert [x.position for x in answer] == [row.v]
+                    gaps = [(g.query, g.batch, g.status) for g in answer.gaps]
+                    assert gaps == ([] if batches[batch]["status"] == FULL else [(name, batch, SAMPLED)])
+                    assert answer.complete == (batches[batch]["status"] == FULL)
     assert all(batches[n].get("edges", 0) == 0 for n in range(2, 6))
 
 

@@ -70,11 +70,15 @@ def test_the_stream_ran_several_batches_and_skipped_malformed_events(run):
 def test_backward_lineage_of_every_output_row_equals_the_oracle(spark, run):
     rows = sink_rows(spark, run)
     assert sorted(r.order_id for r in rows) == sorted(run.expected)
-    with LineageClient(run.config) as client:
+    with LineageClient(run.config) as client, LineageClient(run.config, backend="csprov") as parquet:
         for row in rows:
             found = client.backward(row._hw_rid)
             assert {as_input(x) for x in found} == run.expected[row.order_id], row.order_id
             assert all(x.exact and x.via == "edges" and x.kind == "source" for x in found)
+            # Every batch fully captured, as the batch log in the graph and in the store says.
+            assert found.complete and not found.gaps and not found.unexplained, found.summary()
+            in_store = parquet.backward(row._hw_rid)
+            assert [x.to_dict() for x in in_store] == [x.to_dict() for x in found] and in_store.complete
             # Attribute masks over the sink's columns (order_id, customer_id, name, region,
             # amount_eur, event_time): names and regions come from customers, the rest from Kafka.
             assert {x.dataset.split(":")[0]: x.cols for x in found} == {"kafka": 0b110011, "customers": 0b001100}

@@ -24,6 +24,8 @@ from headwater.capture import attach
 from headwater.capture.delivery import Spill
 from headwater.core.schema import LOG_BATCH, LOG_PROGRESS
 from headwater.deploy.stack import broker_command, free_port
+from headwater.indexer.batch_log import BatchLog
+from headwater.indexer.graph import batch_statuses
 
 from .conftest import index, own_topics, read_log, stop_when_idle, wait_batches
 
@@ -137,3 +139,11 @@ def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
         else:
             assert record["status"] == "full" and record["dropped_edges"] == 0
             assert record["spilled_edges"] == (out_rows[n] if n in DOWN else 0)
+
+    # The store's batch log kept what it held before the broker lost its data and took
+    # what came after in a new epoch: the same gap map as the graph's.
+    pairs = [(name, n) for n in range(len(SIZES))]
+    with driver(config) as d:
+        graph = batch_statuses(d, pairs, database=config.graph_database)
+    assert graph == {(name, n): record["status"] for n, record in batches.items()}
+    assert BatchLog(config.store_path(), config.log_topic).statuses(pairs) == graph

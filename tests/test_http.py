@@ -35,7 +35,8 @@ from headwater.indexer.shard import Shard, shard_root
 from headwater.query import api, http
 from headwater.query.address import parse_source
 from headwater.query.api import LineageClient
-from headwater.query.backend import MAX_DEPTH, Lineage, LineageError
+from headwater.query.backend import MAX_DEPTH, Lineage, LineageError, WalkingBackend
+from headwater.query.walk import Walk
 from tests.test_query_backends import oracle, pipeline, summary
 
 TOKEN = secrets.token_urlsafe(24)
@@ -163,6 +164,13 @@ def raw(server, data: bytes, timeout: float = 10) -> bytes:
 
 def as_dicts(answer) -> list[dict]:
     return [x.to_dict() for x in answer]
+
+
+def body_of(answer, cut: int | None = None) -> dict:
+    """The HTTP body of a Python API answer, its records cut to ``cut``."""
+    summary = answer.summary()
+    return {"of": answer.of, "answer": as_dicts(answer)[:cut], "truncated": cut is not None and len(answer) > cut,
+            "complete": summary["complete"], "gaps": summary["gaps"], "unexplained": summary["unexplained"]}
 
 
 def test_answers_are_the_python_apis_and_the_oracles(store, client, server):
@@ -312,7 +320,7 @@ def test_hostile_input(store, client, server):
         assert set(body) == {"error"} and "Traceback" not in body["error"]
     for to in ("x' OR '1'='1", "a}) DETACH DELETE n //", "a\r\nX-Injected: 1", "source' --", "%00"):
         status, body, headers = get(server, "/v1/lineage/backward", {"rid": start, "to": to})
-        assert (status, body) == (200, {"of": start, "answer": [], "truncated": False}), to
+        assert (status, body) == (200, body_of(client.backward(start, to=to))) and not body["answer"], to
         assert "X-Injected" not in headers
     malformed = [
         f"rid={start}&rid={start}",  # repeated
@@ -359,15 +367,16 @@ def test_max_results_cuts_answers(store, client):
         long = next(r for r in store.by_kind["customers"] if len(client.forward(r)) > 3)
         status, body = ask(running, "forward", {"rid": long})
         full = as_dicts(client.forward(long))
-        assert status == 200 and body == {"of": long, "answer": full[:3], "truncated": True}
+        assert status == 200 and body == body_of(client.forward(long), cut=3) and body["answer"] == full[:3]
+        assert body["truncated"]
         short = next(r for r in store.by_kind["alerts"] if 0 < len(client.backward(r, to="state")) <= 3)
         status, body = ask(running, "backward", {"rid": short, "to": "state"})
-        assert body == {"of": short, "answer": as_dicts(client.backward(short, to="state")), "truncated": False}
+        assert body == body_of(client.backward(short, to="state")) and not body["truncated"]
     finally:
         running.close()
 
 
-class FakeBlockingBackend:
+class FakeBlockingBackend(WalkingBackend):
     """A fake backend for the concurrency limit only: its questions wait until the test lets them go."""
 
     entered = threading.Event()
@@ -376,15 +385,12 @@ class FakeBlockingBackend:
     def __init__(self, config):
         pass
 
-    def close(self) -> None:
-        pass
-
-    def backward(self, rid, to="source", depth=16):
+    def require(self, rid) -> None:
         self.entered.set()
         assert self.release.wait(30)
-        return []
 
-    forward = backward
+    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None):
+        return Walk({}, set(), set()), {}
 
 
 def test_max_concurrent_is_503_not_a_queue(store, monkeypatch):
@@ -404,7 +410,8 @@ def test_max_concurrent_is_503_not_a_queue(store, monkeypatch):
         assert get(running, "/healthz", token=None)[0] == 200  # not a query: not limited
         FakeBlockingBackend.release.set()
         waiting.join(30)
-        assert first["answer"] == (200, {"of": 7, "answer": [], "truncated": False})
+        assert first["answer"] == (200, {"of": 7, "answer": [], "truncated": False, "complete": True, "gaps": [],
+                                         "unexplained": []})
         status, body = ask(running, "backward", {"rid": store.by_kind["alerts"][0]})
         assert status == 200 and body["answer"]
     finally:
@@ -453,7 +460,9 @@ def test_openapi_document(store, server):
         assert params["backend"]["schema"]["enum"] == sorted(api.BACKENDS)
         assert params["backend"]["schema"]["default"] == "csprov"
         assert params["depth"]["schema"]["default"] == 16 and params["depth"]["schema"]["maximum"] == MAX_DEPTH
-        assert params["to"]["schema"]["default"] == {"backward": "source", "forward": "output"}[route.method]
+        assert params["to"]["schema"]["default"] == {"backward": "source", "forward": "output",
+                                                     "co_contributors": "source",
+                                                     "co_dependents": "output"}[route.method]
         assert {"200", "400", "401", "404", "503"} <= set(operation["responses"])
     # every path answers, as the document says
     start = store.by_kind["enrich"][0]
@@ -539,7 +548,7 @@ def test_headwater_serve(store, client, tmp_path):
         start = store.by_kind["customers"][0]
         status, body = ask(running, "forward", {"rid": start})
         full = as_dicts(client.forward(start))
-        assert status == 200 and body == {"of": start, "answer": full[:5], "truncated": len(full) > 5}
+        assert status == 200 and body == body_of(client.forward(start), cut=5) and body["answer"] == full[:5]
         assert get(running, "/openapi.json", token=None)[0] == 401
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
