@@ -17,8 +17,8 @@ from headwater.core import config as configuration
 from headwater.query.address import SOURCE_FORMS, parse_source
 
 
-# The query backends (``headwater.query.api.BACKENDS``), named here so the CLI starts without importing them.
-BACKENDS = ["cypher", "csprov", "rq"]
+# The query backends (``headwater.query.api.choices()``), named here so the CLI starts without importing them.
+BACKENDS = ["auto", "cypher", "csprov", "rq"]
 
 
 def _home(ctx: click.Context) -> Path:
@@ -147,26 +147,52 @@ def lineage() -> None:
     """Lineage queries, answered as JSON lines."""
 
 
-def _query(ctx: click.Context, question: str, rid: int | None, source: str | None, backend: str,
-           **options) -> None:
+def _query(ctx: click.Context, question: str, rid: int | None, source: str | None, dataset: str | None,
+           where: str | None, backend: str, **options) -> None:
     from headwater.adapters.graph import GraphUnavailable
     from headwater.query.api import LineageClient
-    from headwater.query.backend import LineageError
+    from headwater.query.backend import LineageError, UnknownRow
 
-    if (rid is None) == (source is None):
-        _fail("give exactly one of --rid or --source")
+    if sum(x is not None for x in (rid, source, dataset)) != 1:
+        _fail("give exactly one of --rid, --source or --dataset (with --where)")
+    if (dataset is None) != (where is None):
+        _fail("--dataset and --where go together: the sink, and a SQL predicate over its rows")
+    failed = 0
     try:
-        start = rid if rid is not None else parse_source(source)
+        starts = [rid] if rid is not None else [parse_source(source)] if source is not None else \
+            _selected(dataset, where)
         with LineageClient(configuration.load(_home(ctx)), backend=backend) as client:
-            answer = getattr(client, question)(start, **options)
+            for start in starts:
+                try:
+                    answer = getattr(client, question)(start, **options)
+                except UnknownRow as exc:
+                    if len(starts) == 1:
+                        raise
+                    failed += 1  # one of the rows --where selected: say so, answer the others
+                    click.echo(json.dumps({"of": start, "error": str(exc)}), err=True)
+                    continue
+                for row in answer:
+                    _emit(row.to_dict())
+                # What the answer may miss, apart from the records, so that stdout stays one record a line.
+                click.echo(json.dumps({"summary": answer.summary()}), err=True)
     except (LineageError, GraphUnavailable) as exc:
         _fail(str(exc))
     except Exception as exc:  # e.g. the graph store is down
         _fail(f"{type(exc).__name__}: {exc}", code=1)
-    for row in answer:
-        _emit(row.to_dict())
-    # What the answer may miss, apart from the records, so that stdout stays one record a line.
-    click.echo(json.dumps({"summary": answer.summary()}), err=True)
+    if failed:
+        sys.exit(2)
+
+
+def _selected(dataset: str, where: str) -> list[int]:
+    """The rids of the sink's rows the predicate holds for (a local Spark session reads the sink)."""
+    from headwater.demo.run import spark_session
+    from headwater.query.sink import select
+
+    spark = spark_session("headwater-lineage-where")
+    try:
+        return select(spark, dataset, where)
+    finally:
+        spark.stop()
 
 
 def _mask(text: str | None) -> int | None:
@@ -181,18 +207,22 @@ def _mask(text: str | None) -> int | None:
 _ROW_OPTIONS = [
     click.option("--rid", type=int, default=None, help="rid of the row (e.g. a sink's _hw_rid)."),
     click.option("--source", default=None, help=f"The row's address: {SOURCE_FORMS}."),
+    click.option("--dataset", default=None, help="A sink as lineage names it (parquet:PATH, json:PATH, orc:PATH, "
+                 "table:NAME): ask about its rows --where selects."),
+    click.option("--where", default=None, help="With --dataset: a Spark SQL predicate over the sink's columns."),
     click.option("--depth", type=int, default=16, show_default=True, help="Longest path followed, in edges (each way)."),
     click.option("--payload", is_flag=True, help="Add the original source records."),
-    click.option("--backend", type=click.Choice(BACKENDS), default="cypher", show_default=True,
-                 help="The graph store (cypher), or the Parquet store by connected sets (csprov) or whole (rq)."),
+    click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+                 help="The graph store (cypher), the Parquet store by connected sets (csprov) or whole (rq), or "
+                      "the graph when it answers and holds the row, else the Parquet store (auto)."),
 ]
 
 
 def _lineage_command(question: str, name: str, defaults: dict, summary: str) -> None:
-    def command(ctx, rid, source, backend, **options) -> None:
+    def command(ctx, rid, source, dataset, where, backend, **options) -> None:
         if "cols" in options:
             options["cols"] = _mask(options["cols"])
-        _query(ctx, question, rid, source, backend, **options)
+        _query(ctx, question, rid, source, dataset, where, backend, **options)
 
     command.__doc__ = summary
     for option in reversed(_ROW_OPTIONS):
@@ -222,7 +252,7 @@ _lineage_command("co_dependents", "co-dependents", {"to": "output", "via": "sour
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; other than loopback only with a token.")
 @click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="cypher", show_default=True,
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="The backend of questions that name none (backend=).")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="File holding the bearer token every /v1 and /openapi.json request must give "

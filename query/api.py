@@ -26,26 +26,49 @@ lineage stops short (``unexplained``).
 
 from __future__ import annotations
 
+import threading
+import time
+
+from neo4j.exceptions import ServiceUnavailable, SessionExpired
+
+from headwater.adapters.graph import GraphUnavailable
 from headwater.core import config as configuration
 from headwater.core.config import Config
 
-from .backend import Answer, Gap, Lineage, LineageError, lineage_of, ordered
+from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
 from .cypher import CypherBackend
 from .parquet import CSProvBackend, RecursiveBackend
 from .payload import attach_payload
+from .walk import MAX_REACH
 
 # cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
 # rq: the Parquet store scanned whole at every level (the baseline CSProv is measured against).
 BACKENDS = {"cypher": CypherBackend, "csprov": CSProvBackend, "rq": RecursiveBackend}
+# auto: the graph store when it answers and holds the row (the fastest, bench/query_latency.py),
+# else the Parquet store, which the indexer fills faster, so it may hold rows the graph has not yet.
+AUTO = ("cypher", "csprov")
 MAX_PATHS = 100  # paths kept per answer row, at most, for how-provenance
+TIMEOUT_S = 60.0  # a question still walking after this long is refused (checked at each level of a walk)
+# The graph store not answering: auto then asks the Parquet store.
+GRAPH_AWAY = (GraphUnavailable, ServiceUnavailable, SessionExpired, OSError)
+
+
+def choices() -> list[str]:
+    """The names ``backend`` takes."""
+    return [*BACKENDS, "auto"]
 
 
 class LineageClient:
-    def __init__(self, config: Config | None = None, backend: str = "cypher"):
+    def __init__(self, config: Config | None = None, backend: str = "auto", max_reach: int = MAX_REACH,
+                 timeout_s: float = TIMEOUT_S):
         self.config = config or configuration.load()
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(BACKENDS)}")
-        self.backend = BACKENDS[backend](self.config)
+        if backend not in choices():
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(choices())}")
+        self.names = AUTO if backend == "auto" else (backend,)
+        self.max_reach = max_reach
+        self.timeout_s = timeout_s
+        self._backends: dict[str, WalkingBackend] = {}
+        self._making = threading.Lock()  # questions from several threads make each backend once
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -54,14 +77,38 @@ class LineageClient:
         self.close()
 
     def close(self) -> None:
-        self.backend.close()
+        for backend in self._backends.values():
+            backend.close()
 
-    def with_payload(self, found: list[Lineage]) -> list[Lineage]:
+    def _backend(self, name: str) -> WalkingBackend:
+        with self._making:
+            if name not in self._backends:  # made when first needed: a Parquet view reads the recent ranges
+                self._backends[name] = BACKENDS[name](self.config)
+            return self._backends[name]
+
+    def _holding(self, rid: int) -> WalkingBackend:
+        """The first backend (of ``names``) whose store holds ``rid``."""
+        missed = []
+        for name in self.names:
+            backend = self._backend(name)
+            try:
+                backend.require(rid)
+                return backend
+            except UnknownRow as exc:
+                missed.append(str(exc))
+            except GRAPH_AWAY as exc:
+                if len(self.names) == 1:
+                    raise
+                missed.append(f"the graph store did not answer ({type(exc).__name__})")
+        raise UnknownRow(missed[0] if len(missed) == 1 else f"rid {rid}: " + "; ".join(missed))
+
+    def with_payload(self, found: list[Lineage], backend: WalkingBackend | None = None) -> list[Lineage]:
         """``found`` with each row's original source record added (what ``payload=True`` does)."""
+        backend = backend or self._backend(self.names[0])
         datasets: dict = {}
         for item in found:
             if item.dataset and item.topic is None and item.dataset not in datasets:
-                datasets[item.dataset] = self.backend.dataset(item.dataset)
+                datasets[item.dataset] = backend.dataset(item.dataset)
             attach_payload(item, self.config.bootstrap, datasets.get(item.dataset))
         return found
 
@@ -90,26 +137,33 @@ class LineageClient:
             raise LineageError(f"cols is a non-zero bit mask of columns, not {cols!r}")
         if not isinstance(paths, int) or isinstance(paths, bool) or not 0 <= paths <= MAX_PATHS:
             raise LineageError(f"paths is how many paths to keep per row, 0 to {MAX_PATHS}, not {paths!r}")
-        self.backend.require(rid)
-        walked, records = self.backend.walk([rid], depth, backward, cols if backward else None, paths)
+        check_depth(depth)
+        deadline = time.monotonic() + self.timeout_s
+        backend = self._holding(rid)
+        walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
+                                       deadline)
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
-        return self._answer(rid, found, [(walked, records, backward)], payload)
+        return self._answer(backend, rid, found, [(walked, records, backward)], payload)
 
     def _two_ways(self, rid, to, via, depth, payload, first_backward: bool) -> Answer:
-        self.backend.require(rid)
-        first, first_records = self.backend.walk([rid], depth, first_backward)
+        check_depth(depth)
+        deadline = time.monotonic() + self.timeout_s
+        backend = self._holding(rid)
+        first, first_records = backend.walk([rid], depth, first_backward, max_reach=self.max_reach,
+                                            deadline=deadline)
         middle = [x.rid for x in lineage_of(rid, first.found, first_records, via)]
         legs = [(first, first_records, first_backward)]
         found = []
         if middle:
-            second, records = self.backend.walk(middle, depth, not first_backward)
+            second, records = backend.walk(middle, depth, not first_backward, max_reach=self.max_reach,
+                                           deadline=deadline)
             legs.append((second, records, not first_backward))
             found = [x for x in lineage_of(rid, second.found, records, to) if x.rid != rid]
-        return self._answer(rid, ordered(found), legs, payload)
+        return self._answer(backend, rid, ordered(found), legs, payload)
 
-    def _answer(self, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
+    def _answer(self, backend: WalkingBackend, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
         crossed = set().union(*(walked.crossed for walked, _, _ in legs))
-        statuses = self.backend.batch_statuses(sorted(crossed)) if crossed else {}
+        statuses = backend.batch_statuses(sorted(crossed)) if crossed else {}
         gaps = [Gap(query, batch, status) for (query, batch), status in sorted(statuses.items())
                 if status != "full"]
         unexplained = {}
@@ -120,5 +174,5 @@ class LineageClient:
                     if record.get("kind") != "source":
                         unexplained[row] = {"rid": row, "kind": record.get("kind"), "dataset": record.get("dataset")}
         if payload:
-            found = self.with_payload(found)
+            found = self.with_payload(found, backend)
         return Answer(rid, found, gaps, [unexplained[r] for r in sorted(unexplained)])

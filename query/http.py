@@ -109,8 +109,8 @@ def _paths(text: str) -> int:
 
 
 def _backend(text: str) -> str:
-    if text not in api.BACKENDS:
-        raise LineageError(f"backend is one of {', '.join(sorted(api.BACKENDS))}, not {_shown(text)}")
+    if text not in api.choices():
+        raise LineageError(f"backend is one of {', '.join(api.choices())}, not {_shown(text)}")
     return text
 
 
@@ -143,7 +143,8 @@ ROW = (
           parse_source),
 )
 BACKEND = Param("backend", {"type": "string"}, "cypher: the graph store; csprov: the Parquet store by connected "
-                "sets; rq: the Parquet store scanned whole. Default: the server's.", _backend)
+                "sets; rq: the Parquet store scanned whole; auto: the graph when it answers and holds the row, else "
+                "the Parquet store. Default: the server's.", _backend)
 TO = Param("to", {"type": "string"}, "The rows answered: source, state or output rows, or the rows of the "
            "dataset it names (an unknown name: no rows).", str)
 DEPTH = Param("depth", {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH}, "Longest path followed, in edges "
@@ -230,7 +231,7 @@ def openapi(default_backend: str, secured: bool) -> dict:
               "500": response("An unexpected error; the server's log has its details.", "Error")}
     if secured:
         errors["401"] = response("No or a wrong bearer token.", "Error")
-    backend = {**BACKEND.schema, "enum": sorted(api.BACKENDS), "default": default_backend}
+    backend = {**BACKEND.schema, "enum": api.choices(), "default": default_backend}
     paths = {}
     for route in ROUTES:
         defaults = inspect.signature(getattr(api.LineageClient, route.method)).parameters
@@ -290,7 +291,7 @@ def _store_stamp(config: Config) -> tuple:
 
 
 # Backends that read the Parquet store as it was when they were made (``parquet.StoreView``).
-_SNAPSHOTS = ("csprov", "rq")
+_SNAPSHOTS = ("csprov", "rq", "auto")
 
 
 class _Clients:
@@ -465,11 +466,11 @@ class LineageServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, config: Config | None = None, host: str = "127.0.0.1", port: int = 8080,
-                 backend: str = "cypher", token: str | None = None, max_results: int = 10_000,
+                 backend: str = "auto", token: str | None = None, max_results: int = 10_000,
                  max_concurrent: int = 4, say: Callable[[str], None] | None = None,
                  socket_timeout_s: float = SOCKET_TIMEOUT_S):
-        if backend not in api.BACKENDS:
-            raise ServeError(f"unknown backend {backend!r}; choose one of {sorted(api.BACKENDS)}")
+        if backend not in api.choices():
+            raise ServeError(f"unknown backend {backend!r}; choose one of {', '.join(api.choices())}")
         if max_results < 1 or max_concurrent < 1:
             raise ServeError("max_results and max_concurrent must be at least 1")
         if token is not None and not re.fullmatch(rf"[!-~]{{{MIN_TOKEN_LENGTH},}}", token):
@@ -573,7 +574,7 @@ class LineageServer(ThreadingHTTPServer):
             self.slots.release()
 
 
-def serve(config: Config | None = None, host: str = "127.0.0.1", port: int = 8080, backend: str = "cypher",
+def serve(config: Config | None = None, host: str = "127.0.0.1", port: int = 8080, backend: str = "auto",
           token: str | None = None, max_results: int = 10_000, max_concurrent: int = 4,
           say: Callable[[str], None] | None = None, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> LineageServer:
     """A server answering on ``host``:``port`` (0: any free port) in a thread of its own; ``.close()`` stops it.

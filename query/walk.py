@@ -27,6 +27,7 @@ the answer rows' columns).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -82,12 +83,13 @@ Step = Callable[[list[int]], pa.Table]
 
 
 def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | None = None, paths: int = 0,
-         max_reach: int = MAX_REACH) -> Walk:
+         max_reach: int = MAX_REACH, deadline: float | None = None) -> Walk:
     """Every row reached from any of ``starts`` in 1..``depth`` edges, with its aggregate over those paths.
 
     ``cols``: backward, only paths whose most downstream edge feeds one of these
     columns. ``paths``: keep up to that many paths per row (how-provenance).
-    ``max_reach``: a walk reaching more rows is refused (``LineageError``), not run on.
+    ``max_reach``: a walk reaching more rows is refused (``LineageError``), not run on;
+    so is one still walking at ``deadline`` (``time.monotonic()``), checked at each level.
     """
     found: dict[int, Reach] = {}
     crossed: set[tuple[str, int]] = set()
@@ -131,6 +133,9 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
         if len(found) > max_reach:
             raise LineageError(f"the question reaches more than {max_reach:,} rows: narrow it with a smaller "
                                f"depth, a dataset as its target, or columns")
+        if deadline is not None and time.monotonic() > deadline and nxt:
+            raise LineageError("the question ran out of time: narrow it with a smaller depth, a dataset as its "
+                               "target, or columns")
         if not nxt:
             break
         level = dict(nxt)

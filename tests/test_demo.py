@@ -28,6 +28,9 @@ def test_demo_runs_end_to_end_in_under_three_minutes_and_prints_lineage(tmp_path
     assert elapsed < 180, f"demo took {elapsed:.0f}s"
     out = demo.stdout
     assert "batch 0:" in out and "indexed" in out
-    answers = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    answers = [x for x in lines if "summary" not in x]
+    (summary,) = [x["summary"] for x in lines if "summary" in x]
+    assert summary["complete"] and summary["records"] == len(answers)  # every batch on the way fully captured
     assert {a["dataset"].split(":")[0] for a in answers} == {"kafka", "customers"}
     assert all(a["payload"] and "error" not in a["payload"] for a in answers)

@@ -208,6 +208,44 @@ def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     assert injection.returncode == 0 and injection.stdout == ""
 
 
+def test_rows_addressed_by_a_predicate_over_the_sink(spark, stack, run):
+    from headwater.query.sink import select
+
+    sink = f"parquet:{run.sink}"
+    rows = sink_rows(spark, run)
+    chosen = sorted(rows, key=lambda r: r.order_id)[:3]
+    ids = ", ".join(str(r.order_id) for r in chosen)
+    assert select(spark, sink, f"order_id IN ({ids})") == sorted(r._hw_rid for r in chosen)
+    assert select(spark, sink, "order_id < 0") == []
+    refused = {
+        f"order_id IN (SELECT order_id FROM parquet.`{run.sink}`)": "Subquery",
+        "EXISTS (SELECT 1)": "Exists",
+        "reflect('java.lang.Runtime', 'getRuntime') IS NOT NULL": "may not call 'reflect'",
+        "java_method('java.lang.System', 'exit', 0) = 1": "may not call 'java_method'",
+        "1 = 1; DROP TABLE x": "not a SQL expression",
+        "no_such_column > 1": "no_such_column",
+        "": "one SQL expression",
+    }
+    for where, says in refused.items():
+        with pytest.raises(LineageError, match=re.escape(says)):
+            select(spark, sink, where)
+    with pytest.raises(LineageError, match="more than 3 rows"):
+        select(spark, sink, "true", limit=3)
+    with pytest.raises(LineageError, match="give a sink as lineage names it"):
+        select(spark, "console:", "true")
+
+    done = subprocess.run([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "lineage", "backward",
+                           "--dataset", sink, "--where", f"order_id IN ({ids})"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = [json.loads(line) for line in done.stdout.splitlines()]
+    for row in chosen:
+        assert {as_input(SimpleNamespace(**x)) for x in found if x["of"] == row._hw_rid} == run.expected[row.order_id]
+    summaries = [json.loads(line)["summary"] for line in done.stderr.splitlines() if line.startswith('{"summary"')]
+    assert sorted(x["of"] for x in summaries) == sorted(r._hw_rid for r in chosen)
+    assert all(x["complete"] for x in summaries)
+
+
 def graph_edges(config, rids: list[int]) -> list[tuple]:
     with driver(config) as d, d.session(database=config.graph_database) as s:
         return [tuple(r.values()) for r in s.run(

@@ -358,6 +358,11 @@ def test_the_store_unavailable_is_503_and_the_server_goes_on(store, client, serv
     assert "Traceback" not in body["error"]
     status, body = ask(server, "backward", {"rid": start})
     assert status == 200 and body["answer"] == as_dicts(client.backward(start))
+    # auto: the graph does not answer, so the Parquet store does
+    status, body = ask(server, "backward", {"rid": start, "backend": "auto"})
+    assert status == 200 and body == body_of(client.backward(start)) and body["answer"]
+    status, body = ask(server, "backward", {"rid": 12345, "backend": "auto"})
+    assert status == 404 and "graph store did not answer" in body["error"] and "not in the lineage store" in body["error"]
 
 
 def test_max_results_cuts_answers(store, client):
@@ -389,7 +394,7 @@ class FakeBlockingBackend(WalkingBackend):
         self.entered.set()
         assert self.release.wait(30)
 
-    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None):
+    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None, deadline=None):
         return Walk({}, set(), set()), {}
 
 
@@ -457,7 +462,7 @@ def test_openapi_document(store, server):
         params = {p["name"]: p for p in operation["parameters"]}
         assert list(params) == [p.name for p in http.ROW + route.options + (http.BACKEND,)]
         assert all(p["in"] == "query" and "type" in p["schema"] for p in params.values())
-        assert params["backend"]["schema"]["enum"] == sorted(api.BACKENDS)
+        assert params["backend"]["schema"]["enum"] == api.choices()
         assert params["backend"]["schema"]["default"] == "csprov"
         assert params["depth"]["schema"]["default"] == 16 and params["depth"]["schema"]["maximum"] == MAX_DEPTH
         assert params["to"]["schema"]["default"] == {"backward": "source", "forward": "output",

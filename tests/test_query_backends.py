@@ -328,7 +328,7 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
     by_kind = defaultdict(list)
     for rid, (kind, dataset) in rows.items():
         by_kind[dataset.split(":")[-1].split(".")[-1]].append(rid)
-    clients = {name: LineageClient(config, backend=name) for name in ("cypher", "csprov", "rq")}
+    clients = {name: LineageClient(config, backend=name) for name in ("cypher", "csprov", "rq", "auto")}
     unexplained = 0
     try:
         for _ in range(40):
@@ -361,11 +361,31 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
             unexplained += bool(expected["unexplained"])
             assert [x.to_dict() for x in answers["csprov"]] == [x.to_dict() for x in answers["cypher"]]
         assert unexplained  # some questions ran into the batches never captured
-        for client in clients.values():
+        # Rows the Parquet store holds but the graph not yet (it is indexed faster): auto asks the store.
+        late, _ = pipeline(seed=12, batches=1, tag=tag + "late")
+        for i, (nodes, edges) in enumerate(late):
+            shards[i % 2].write(nodes, edges, shards[i % 2].resume, shards[i % 2].resume)
+        alert = late[-1][1]["dst"][-1].as_py()
+        with LineageClient(config, backend="auto") as auto, LineageClient(config, backend="csprov") as parquet:
+            assert [x.to_dict() for x in auto.backward(alert)] == [x.to_dict() for x in parquet.backward(alert)]
+            assert len(auto.backward(alert)) > 1
+            with pytest.raises(LineageError, match="not in the lineage graph"):
+                clients["cypher"].backward(alert)
+            with pytest.raises(LineageError, match="not in the lineage graph.*not in the lineage store"):
+                auto.backward(12345)
+        hub = max(by_kind["customers"], key=lambda r: len(clients["csprov"].forward(r)))
+        for name, client in clients.items():
             with pytest.raises(LineageError, match="cols"):
                 client.backward(rid, cols=0)
             with pytest.raises(LineageError, match="paths"):
                 client.forward(rid, paths=1000)
+            # A fan-out bomb is refused once it has reached max_reach rows, not walked to its end.
+            with LineageClient(config, backend=name, max_reach=5) as bounded:
+                with pytest.raises(LineageError, match="reaches more than 5 rows"):
+                    bounded.forward(hub)
+            with LineageClient(config, backend=name, timeout_s=0) as hurried:
+                with pytest.raises(LineageError, match="ran out of time"):
+                    hurried.forward(hub, depth=3)
     finally:
         for client in clients.values():
             client.close()

@@ -181,9 +181,11 @@ def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[
         step(f"lineage of output row order_id={first['order_id']} (_hw_rid {rid}):")
         say(f"$ headwater lineage backward --rid {rid} --payload")
         with LineageClient(config) as client:
-            found = [row.to_dict() for row in client.backward(rid, payload=True)]
+            answer = client.backward(rid, payload=True)
+        found = [row.to_dict() for row in answer]
         for row in found:
             say(json.dumps(row, default=str))
+        say(json.dumps({"summary": answer.summary()}))
         step("done" + ("" if not keep_stack else "; the stack keeps running: `headwater stack down` stops it"))
         return DemoResult(topic, sink, len(events), malformed, output_rows, batches, stats.edges, rid, found)
     finally:
