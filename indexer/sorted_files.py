@@ -45,10 +45,6 @@ class SortedFiles:
         self._highs = np.array(highs, np.int64)
         self._where = where
 
-    @property
-    def row_groups(self) -> int:
-        return len(self._where)
-
     def read(self, keys, columns: list[str] | None = None) -> pa.Table:
         """The rows whose ``key`` is one of ``keys``, from the row groups that may hold them only."""
         wanted = np.unique(np.asarray(keys, np.int64))

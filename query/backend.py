@@ -89,7 +89,6 @@ class Answer:
     records: list[Lineage]
     gaps: list[Gap] = field(default_factory=list)
     unexplained: list[dict] = field(default_factory=list)  # {"rid", "kind", "dataset"} of each
-    truncated: bool = False  # the records were cut to a limit
 
     @property
     def complete(self) -> bool:
@@ -107,7 +106,7 @@ class Answer:
     def summary(self) -> dict:
         """Everything but the records."""
         return {"of": self.of, "records": len(self.records), "complete": self.complete,
-                "gaps": [asdict(g) for g in self.gaps], "unexplained": self.unexplained, "truncated": self.truncated}
+                "gaps": [asdict(g) for g in self.gaps], "unexplained": self.unexplained}
 
 
 def ordered(found) -> list[Lineage]:
