@@ -212,6 +212,9 @@ _ROW_OPTIONS = [
     click.option("--where", default=None, help="With --dataset: a Spark SQL predicate over the sink's columns."),
     click.option("--depth", type=int, default=16, show_default=True, help="Longest path followed, in edges (each way)."),
     click.option("--payload", is_flag=True, help="Add the original source records."),
+    click.option("--since", default=None, help="Time bound: only through batches that ran at or after this "
+                 "ISO 8601 time (e.g. 2026-11-23T18:00:00Z)."),
+    click.option("--until", default=None, help="Time bound: only through batches that ran at or before this time."),
     click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
                  help="The graph store (cypher), the Parquet store by connected sets (csprov) or whole (rq), or "
                       "the graph when it answers and holds the row, else the Parquet store (auto)."),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 
@@ -51,6 +52,48 @@ MAX_PATHS = 100  # paths kept per answer row, at most, for how-provenance
 TIMEOUT_S = 60.0  # a question still walking after this long is refused (checked at each level of a walk)
 # The graph store not answering: auto then asks the Parquet store.
 GRAPH_AWAY = (GraphUnavailable, ServiceUnavailable, SessionExpired, OSError)
+
+
+def moment(value, name: str) -> datetime | None:
+    """A time bound or a batch's logged time as an aware datetime (naive ones are UTC); None stays None."""
+    if value is None or isinstance(value, datetime):
+        found = value
+    else:
+        try:
+            found = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise LineageError(f"{name} is an ISO 8601 time (e.g. 2026-11-23T18:00:00Z), not {value!r}") from None
+    return found.replace(tzinfo=timezone.utc) if found is not None and found.tzinfo is None else found
+
+
+class Window:
+    """A time bound: only edges of batches that ran from ``since`` to ``until`` (either open) are walked.
+
+    A batch's time is the batch log's ``at`` (Spark's trigger time); a batch the log has
+    no time for yet is walked, since it cannot be placed outside the window.
+    """
+
+    def __init__(self, since=None, until=None):
+        self.since, self.until = moment(since, "since"), moment(until, "until")
+        if self.since and self.until and self.since > self.until:
+            raise LineageError(f"since ({self.since.isoformat()}) is after until ({self.until.isoformat()})")
+
+    def outside(self, backend: WalkingBackend):
+        if self.since is None and self.until is None:
+            return None
+        times: dict[tuple[str, int], datetime | None] = {}
+
+        def outside(pairs: set[tuple[str, int]]) -> set[tuple[str, int]]:
+            unknown = [p for p in pairs if p not in times]
+            if unknown:
+                for pair, at in backend.batch_times(unknown).items():
+                    try:
+                        times[pair] = moment(at, "at")
+                    except LineageError:  # a time the log holds in another form: not placed
+                        times[pair] = None
+            return {p for p in pairs if times[p] is not None and not (
+                (self.since is None or self.since <= times[p]) and (self.until is None or times[p] <= self.until))}
+        return outside
 
 
 def choices() -> list[str]:
@@ -113,50 +156,53 @@ class LineageClient:
         return found
 
     def backward(self, rid: int, to: str = "source", depth: int = 16, payload: bool = False,
-                 cols: int | None = None, paths: int = 0) -> Answer:
+                 cols: int | None = None, paths: int = 0, since=None, until=None) -> Answer:
         """The rows (``to``: a kind of row or a dataset) ``rid`` was derived from, within ``depth`` edges."""
-        return self._one_way(rid, to, depth, payload, cols, paths, backward=True)
+        return self._one_way(rid, to, depth, payload, cols, paths, since, until, backward=True)
 
     def forward(self, rid: int, to: str = "output", depth: int = 16, payload: bool = False,
-                cols: int | None = None, paths: int = 0) -> Answer:
+                cols: int | None = None, paths: int = 0, since=None, until=None) -> Answer:
         """The rows (``to``) derived from ``rid``, within ``depth`` edges."""
-        return self._one_way(rid, to, depth, payload, cols, paths, backward=False)
+        return self._one_way(rid, to, depth, payload, cols, paths, since, until, backward=False)
 
     def co_contributors(self, rid: int, to: str = "source", via: str = "output", depth: int = 16,
-                        payload: bool = False) -> Answer:
+                        payload: bool = False, since=None, until=None) -> Answer:
         """The ``to`` rows used together with ``rid`` to make ``via`` rows (TensProv Q10)."""
-        return self._two_ways(rid, to, via, depth, payload, first_backward=False)
+        return self._two_ways(rid, to, via, depth, payload, since, until, first_backward=False)
 
     def co_dependents(self, rid: int, to: str = "output", via: str = "source", depth: int = 16,
-                      payload: bool = False) -> Answer:
+                      payload: bool = False, since=None, until=None) -> Answer:
         """The ``to`` rows derived from the ``via`` rows ``rid`` was derived from (TensProv Q11)."""
-        return self._two_ways(rid, to, via, depth, payload, first_backward=True)
+        return self._two_ways(rid, to, via, depth, payload, since, until, first_backward=True)
 
-    def _one_way(self, rid, to, depth, payload, cols, paths, backward: bool) -> Answer:
+    def _one_way(self, rid, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
         if cols is not None and (not isinstance(cols, int) or isinstance(cols, bool) or cols == 0):
             raise LineageError(f"cols is a non-zero bit mask of columns, not {cols!r}")
         if not isinstance(paths, int) or isinstance(paths, bool) or not 0 <= paths <= MAX_PATHS:
             raise LineageError(f"paths is how many paths to keep per row, 0 to {MAX_PATHS}, not {paths!r}")
         check_depth(depth)
+        window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
         backend = self._holding(rid)
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
-                                       deadline)
+                                       deadline, window.outside(backend))
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
         return self._answer(backend, rid, found, [(walked, records, backward)], payload)
 
-    def _two_ways(self, rid, to, via, depth, payload, first_backward: bool) -> Answer:
+    def _two_ways(self, rid, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
         check_depth(depth)
+        window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
         backend = self._holding(rid)
+        outside = window.outside(backend)
         first, first_records = backend.walk([rid], depth, first_backward, max_reach=self.max_reach,
-                                            deadline=deadline)
+                                            deadline=deadline, outside=outside)
         middle = [x.rid for x in lineage_of(rid, first.found, first_records, via)]
         legs = [(first, first_records, first_backward)]
         found = []
         if middle:
             second, records = backend.walk(middle, depth, not first_backward, max_reach=self.max_reach,
-                                           deadline=deadline)
+                                           deadline=deadline, outside=outside)
             legs.append((second, records, not first_backward))
             found = [x for x in lineage_of(rid, second.found, records, to) if x.rid != rid]
         return self._answer(backend, rid, ordered(found), legs, payload)

@@ -188,15 +188,19 @@ class WalkingBackend:
         if check_rid(rid) not in self._records([rid]):
             raise UnknownRow(f"rid {rid} is not in the lineage {self.store} (not captured, or not indexed yet)")
 
+    def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
+        """When each ``(query, batch)`` ran (the batch log's ``at``, ISO 8601); None where it has no time."""
+        raise NotImplementedError
+
     def walk(self, starts: list[int], depth: int, backward: bool, cols: int | None = None, paths: int = 0,
-             max_reach: int | None = None, deadline: float | None = None):
+             max_reach: int | None = None, deadline: float | None = None, outside=None):
         """``walk.walk`` from ``starts``, and the records of every row it started from, found or ended on."""
         from .walk import MAX_REACH, walk
 
         check_depth(depth)
         question = self._question(backward)
         found = walk(starts, depth, backward, question.step, cols if backward else None, paths,
-                     max_reach or MAX_REACH, deadline)
+                     max_reach or MAX_REACH, deadline, outside)
         return found, question.records(sorted(set(found.found) | found.ends | set(starts)))
 
     def backward(self, rid: int, to: str = "source", depth: int = 16, cols: int | None = None,

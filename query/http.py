@@ -151,8 +151,17 @@ DEPTH = Param("depth", {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH}, 
               "(each way, for the co- questions).", _depth)
 PAYLOAD = Param("payload", {"type": "boolean"}, "Add each row's original source record (Kafka by offset, Parquet "
                 "file rows by position, file-backed static tables by key).", _payload)
+def _moment(text: str) -> str:
+    api.moment(text, "since/until")  # refused here, as a 400, not in the middle of a walk
+    return text
+
+
+SINCE = Param("since", {"type": "string", "format": "date-time"}, "Time bound: only through batches that ran at "
+              "or after this ISO 8601 time (the batch log's time of each).", _moment)
+UNTIL = Param("until", {"type": "string", "format": "date-time"}, "Time bound: only through batches that ran at "
+              "or before this time.", _moment)
 LINEAGE_OPTIONS = (
-    TO, DEPTH, PAYLOAD,
+    TO, DEPTH, PAYLOAD, SINCE, UNTIL,
     Param("cols", {"type": "string"}, "Attribute level: a bit mask (decimal, 0x… or 0b…) of the columns of the row "
           "asked about (backward) or of the rows answered (forward).", _cols),
     Param("paths", {"type": "integer", "minimum": 0, "maximum": api.MAX_PATHS}, "How-provenance: keep up to this "
@@ -160,7 +169,7 @@ LINEAGE_OPTIONS = (
 )
 CO_OPTIONS = (
     TO, Param("via", {"type": "string"}, "The rows in between: source, state or output rows, or a dataset.", str),
-    DEPTH, PAYLOAD,
+    DEPTH, PAYLOAD, SINCE, UNTIL,
 )
 ROUTES = (
     Route("/v1/lineage/backward", "backward", "The inputs a row was derived from.", LINEAGE_OPTIONS),

@@ -92,6 +92,10 @@ class _ParquetBackend(WalkingBackend):
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         return self.log.refresh().statuses(pairs)
 
+    def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
+        self.log.refresh()
+        return {pair: (self.log.batch(*pair) or {}).get("at") for pair in pairs}
+
     def dataset(self, name: str) -> dict | None:
         return self.log.refresh().dataset(name)
 

@@ -82,14 +82,19 @@ class Walk:
 Step = Callable[[list[int]], pa.Table]
 
 
+# outside(pairs) -> those of the (query, batch) pairs whose edges the walk must not take
+Outside = Callable[[set[tuple[str, int]]], set[tuple[str, int]]]
+
+
 def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | None = None, paths: int = 0,
-         max_reach: int = MAX_REACH, deadline: float | None = None) -> Walk:
+         max_reach: int = MAX_REACH, deadline: float | None = None, outside: Outside | None = None) -> Walk:
     """Every row reached from any of ``starts`` in 1..``depth`` edges, with its aggregate over those paths.
 
     ``cols``: backward, only paths whose most downstream edge feeds one of these
     columns. ``paths``: keep up to that many paths per row (how-provenance).
     ``max_reach``: a walk reaching more rows is refused (``LineageError``), not run on;
     so is one still walking at ``deadline`` (``time.monotonic()``), checked at each level.
+    ``outside``: batches whose edges are not walked (a time window).
     """
     found: dict[int, Reach] = {}
     crossed: set[tuple[str, int]] = set()
@@ -101,11 +106,14 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
         nxt: dict[int, Reach] = {}
         touched: set[int] = set()  # frontier rows with edges onward (whether or not the columns keep them)
         columns = [edges[c].to_pylist() for c in (near, far, "query", "op", "batch", "exact", "cols")]
+        skipped = outside(set(zip(columns[2], columns[4]))) if outside is not None and edges.num_rows else set()
         for at, to, query, op, batch, exact, mask in zip(*columns):
             before = level.get(at, False)
             if before is False:
                 continue  # an edge of the same set, not of the frontier
             touched.add(at)
+            if (query, batch) in skipped:
+                continue  # a batch outside the time window
             if before is None and backward and cols is not None and not mask & cols:
                 continue  # feeds none of the asked columns
             crossed.add((query, batch))

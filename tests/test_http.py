@@ -306,6 +306,8 @@ HOSTILE = [
     ({"payload": "yes"}, 400, "payload is true or false"),
     ({"payload": "true' --"}, 400, "payload is true or false"),
     ({"to": ""}, 400, "parameter to is empty"),
+    ({"since": "yesterday"}, 400, "ISO 8601"),
+    ({"until": "2026-13-40T99:00:00"}, 400, "ISO 8601"),
     ({"callback": "x"}, 400, "unknown parameter"),
 ]
 
@@ -394,7 +396,7 @@ class FakeBlockingBackend(WalkingBackend):
         self.entered.set()
         assert self.release.wait(30)
 
-    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None, deadline=None):
+    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None, deadline=None, outside=None):
         return Walk({}, set(), set()), {}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections import defaultdict
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pyarrow as pa
@@ -189,12 +190,13 @@ def test_every_backend_gives_the_oracles_lineage(spark, stack_config, tmp_path):
             backend.close()
 
 
-def paths_of(produced: list[dict], start: int, depth: int, backward: bool) -> list[list[dict]]:
-    """Every path of 1..depth edges from ``start``, each in walking order."""
+def paths_of(produced: list[dict], start: int, depth: int, backward: bool, allowed=None) -> list[list[dict]]:
+    """Every path of 1..depth edges from ``start`` (of edges ``allowed`` holds for), each in walking order."""
     near, far = ("dst", "src") if backward else ("src", "dst")
     adjacent = defaultdict(list)
     for e in produced:
-        adjacent[e[near]].append(e)
+        if allowed is None or allowed(e):
+            adjacent[e[near]].append(e)
     found = []
 
     def follow(at: int, path: list[dict]) -> None:
@@ -208,7 +210,7 @@ def paths_of(produced: list[dict], start: int, depth: int, backward: bool) -> li
     return found
 
 
-def oracle_answer(produced, rows, starts, to, depth, backward, cols=None, keep=0) -> dict:
+def oracle_answer(produced, rows, starts, to, depth, backward, cols=None, keep=0, allowed=None) -> dict:
     """The answer of a walk from ``starts``, path by path: records, crossed batches, and rows with no edge onward."""
     far = "src" if backward else "dst"
     near = "dst" if backward else "src"
@@ -217,7 +219,7 @@ def oracle_answer(produced, rows, starts, to, depth, backward, cols=None, keep=0
     for start in starts:
         if depth > 0 and start not in onward:
             ends.add(start)
-        for path in paths_of(produced, start, depth, backward):
+        for path in paths_of(produced, start, depth, backward, allowed):
             if backward and cols is not None and not path[0]["cols"] & cols:
                 continue
             crossed |= {(e["query"], e["batch"]) for e in path}
@@ -247,19 +249,21 @@ def oracle_answer(produced, rows, starts, to, depth, backward, cols=None, keep=0
     return {"records": records, "crossed": crossed, "ends": ends}
 
 
-def expected_answer(produced, rows, statuses, rid, question, to, depth, via=None, cols=None, keep=0) -> dict:
+def expected_answer(produced, rows, statuses, rid, question, to, depth, via=None, cols=None, keep=0,
+                    allowed=None) -> dict:
     """The oracle's ``Answer`` of a question (``backend.Answer.summary`` plus its records, by rid)."""
     if question in ("backward", "forward"):
-        legs = [(oracle_answer(produced, rows, [rid], to, depth, question == "backward", cols, keep),
+        legs = [(oracle_answer(produced, rows, [rid], to, depth, question == "backward", cols, keep, allowed),
                  question == "backward")]
         records = legs[0][0]["records"]
     else:
         first_backward = question == "co_dependents"
-        first = oracle_answer(produced, rows, [rid], via, depth, first_backward)
+        first = oracle_answer(produced, rows, [rid], via, depth, first_backward, allowed=allowed)
         legs = [(first, first_backward)]
         records = {}
         if first["records"]:
-            second = oracle_answer(produced, rows, sorted(first["records"]), to, depth, not first_backward)
+            second = oracle_answer(produced, rows, sorted(first["records"]), to, depth, not first_backward,
+                                   allowed=allowed)
             legs.append((second, not first_backward))
             records = {r: v for r, v in second["records"].items() if r != rid}
     crossed = set().union(*(leg["crossed"] for leg, _ in legs))
@@ -278,6 +282,9 @@ def got_answer(answer) -> dict:
         records[x.rid] = item
     summary = answer.summary()
     return {"records": records, "gaps": summary["gaps"], "unexplained": [u["rid"] for u in summary["unexplained"]]}
+
+
+START = datetime(2026, 11, 23, 18, 0, tzinfo=timezone.utc)
 
 
 @pytest.mark.spark
@@ -299,7 +306,7 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
     writer = GraphWriter(config)
     log = BatchLogWriter(tmp_path, config.log_topic)
     shards = [Shard(shard_root(tmp_path, config.edges_topic, p), config.edges_topic, p).open() for p in range(2)]
-    produced, statuses, dropped = [], {}, set()
+    produced, statuses, dropped, times = [], {}, set(), {}
     try:
         writer.ensure_schema()
         for i, (nodes, edges) in enumerate(messages):
@@ -311,10 +318,14 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
                 nodes = nodes.filter(pa.compute.equal(nodes["dataset"], pa.scalar(f"{tag}.enrich")))
             elif status == "log-only":
                 status = "full"
-            if status is not None:
+            fields = {} if status is None else {"status": status}
+            if rng.random() < 0.85:  # the progress half: when the batch ran (not logged yet for some)
+                times[(query, batch)] = START + timedelta(minutes=batch)
+                fields["at"] = times[(query, batch)].isoformat().replace("+00:00", "Z")
+            if fields:
                 statuses[(query, batch)] = status
-                writer.write_batch(query, batch, {"status": status})
-                log.append_batch(i % 2, i, query, batch, {"status": status})
+                writer.write_batch(query, batch, fields)
+                log.append_batch(i % 2, i, query, batch, fields)
             if edges.num_rows:
                 store(i, nodes, edges, writer, shards, produced)
             if i == len(messages) // 2:
@@ -329,7 +340,7 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
     for rid, (kind, dataset) in rows.items():
         by_kind[dataset.split(":")[-1].split(".")[-1]].append(rid)
     clients = {name: LineageClient(config, backend=name) for name in ("cypher", "csprov", "rq", "auto")}
-    unexplained = 0
+    unexplained = narrowed = 0
     try:
         for _ in range(40):
             question = rng.choice(["backward", "forward", "co_contributors", "co_dependents"])
@@ -349,8 +360,17 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
             else:
                 rid = rng.choice(by_kind[rng.choice(["alerts", "totals"])])
                 to, via = rng.choice([(f"{tag}.alerts", "source"), ("output", f"{tag}:orders")])
-            expected = expected_answer(produced, rows, statuses, rid, question, to, depth, via, cols, keep or 0)
-            options = {"to": to, "depth": depth}
+            # A time window over the batches, open on either side; batches without a time are walked.
+            since, until = rng.choice([(None, None), (None, None), (2, None), (None, 4), (3, 5)])
+            since, until = (None if m is None else START + timedelta(minutes=m) for m in (since, until))
+
+            def allowed(e) -> bool:
+                at = times.get((e["query"], e["batch"]))
+                return at is None or ((since is None or since <= at) and (until is None or at <= until))
+
+            expected = expected_answer(produced, rows, statuses, rid, question, to, depth, via, cols, keep or 0,
+                                       allowed)
+            options = {"to": to, "depth": depth, "since": since and since.isoformat(), "until": until}
             if via is not None:
                 options["via"] = via
             else:
@@ -359,8 +379,11 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
             for name, answer in answers.items():
                 assert got_answer(answer) == expected, (name, question, rid, options)
             unexplained += bool(expected["unexplained"])
+            narrowed += expected != expected_answer(produced, rows, statuses, rid, question, to, depth, via, cols,
+                                                    keep or 0)
             assert [x.to_dict() for x in answers["csprov"]] == [x.to_dict() for x in answers["cypher"]]
         assert unexplained  # some questions ran into the batches never captured
+        assert narrowed  # and some time windows changed answers
         # Rows the Parquet store holds but the graph not yet (it is indexed faster): auto asks the store.
         late, _ = pipeline(seed=12, batches=1, tag=tag + "late")
         for i, (nodes, edges) in enumerate(late):
