@@ -52,10 +52,10 @@ MERGE_EDGES = (
 )
 MERGE_DATASET = "MERGE (d:Dataset {name: $name}) SET d += $props"
 MERGE_BATCH = "MERGE (b:Batch {query: $query, batch: $batch}) SET b += $props"
-BATCH_STATUSES = (
+BATCH_FIELDS = (
     "UNWIND $pairs AS p "
     "MATCH (b:Batch {query: p.query, batch: p.batch}) "
-    "RETURN b.query AS query, b.batch AS batch, b.status AS status"
+    "RETURN b.query AS query, b.batch AS batch, b.status AS status, b.at AS at"
 )
 
 CHUNK = 5000  # rows per statement
@@ -128,13 +128,19 @@ def batch_statuses(graph, pairs: Iterable[tuple[str, int]], database: str | None
     ``graph`` is a driver (a session of ``database`` is opened) or an open session. None
     where the batch has no node or no status (only its progress was logged).
     """
-    found: dict[tuple[str, int], str | None] = {(query, int(batch)): None for query, batch in pairs}
+    return {pair: fields["status"] for pair, fields in batch_fields(graph, pairs, database).items()}
+
+
+def batch_fields(graph, pairs: Iterable[tuple[str, int]], database: str | None = None) -> dict:
+    """Each batch's ``status`` and ``at`` (when it ran) from its ``(:Batch)`` node, None where not logged:
+    ``{(query, batch): {"status": …, "at": …}}``; ``graph`` as for ``batch_statuses``."""
+    found = {(query, int(batch)): {"status": None, "at": None} for query, batch in pairs}
     keys = [{"query": query, "batch": batch} for query, batch in found]
 
     def read(session) -> None:
         for i in range(0, len(keys), CHUNK):
-            for row in session.run(BATCH_STATUSES, pairs=keys[i: i + CHUNK]):
-                found[(row["query"], row["batch"])] = row["status"]
+            for row in session.run(BATCH_FIELDS, pairs=keys[i: i + CHUNK]):
+                found[(row["query"], row["batch"])] = {"status": row["status"], "at": row["at"]}
 
     if hasattr(graph, "session"):
         with graph.session(database=database) as session:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.indexer.graph import batch_statuses
+from headwater.indexer.graph import batch_fields, batch_statuses
 
 from .backend import ROW_FIELDS, WalkingBackend
 
@@ -19,8 +19,6 @@ _EDGES = ("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
           "RETURN a.rid AS src, b.rid AS dst, e.query AS query, e.batch AS batch, e.op AS op, "
           "e.exact AS exact, e.cols AS cols")
 _ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
-_TIMES = ("UNWIND $pairs AS p MATCH (b:Batch {query: p.query, batch: p.batch}) "
-          "RETURN b.query AS query, b.batch AS batch, b.at AS at")
 _CHUNK = 5000  # rids per statement
 
 
@@ -60,12 +58,8 @@ class CypherBackend(WalkingBackend):
         return batch_statuses(self._driver, pairs, self.config.graph_database)
 
     def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
-        found: dict[tuple[str, int], str | None] = dict.fromkeys(pairs)
-        keys = [{"query": query, "batch": batch} for query, batch in found]
-        for i in range(0, len(keys), _CHUNK):
-            for row in self._run(_TIMES, pairs=keys[i: i + _CHUNK]):
-                found[(row["query"], row["batch"])] = row["at"]
-        return found
+        found = batch_fields(self._driver, pairs, self.config.graph_database)
+        return {pair: fields["at"] for pair, fields in found.items()}
 
     def dataset(self, name: str) -> dict | None:
         rows = self._run("MATCH (d:Dataset {name: $name}) RETURN properties(d) AS p", name=name)
