@@ -30,6 +30,7 @@ pytestmark = pytest.mark.stack
 EDGES = 200_000
 KILLS = 5
 PAUSE_S = 0.6  # between the stores' commits and the offset commit, so some kills land there
+HELD_BACK = 10  # messages produced only once the kills are over, so the kills never see the whole stream
 
 
 def start_indexer(stack, config, log, *args) -> subprocess.Popen:
@@ -91,14 +92,20 @@ def test_kill_9_five_times_while_edges_stream_in_loses_and_repeats_nothing(stack
     assert sum(produced.values()) == EDGES and max(produced.values()) == 1
     queries = sorted({q for _, _, q in produced})
 
+    kills_over = threading.Event()
+
     def produce() -> None:
         client = producer(config.bootstrap)
         try:
             for i, (nodes, edges) in enumerate(messages):
+                if i == len(messages) - HELD_BACK:
+                    client.flush()
+                    kills_over.wait()
                 client.send(config.edges_topic, key=f"m{i}".encode(), value=encode_lineage(nodes, edges))
                 if i % 40 == 20:
                     client.send(config.edges_topic, key=f"bad{i}".encode(), value=b"not a lineage payload")
-                time.sleep(0.15)  # a stream over the whole kill phase, not one burst
+                if not kills_over.is_set():
+                    time.sleep(0.25)  # a stream over the whole kill phase, not one burst
             client.flush()
         finally:
             client.close()
@@ -126,11 +133,12 @@ def test_kill_9_five_times_while_edges_stream_in_loses_and_repeats_nothing(stack
                     proc.wait(timeout=30)
                 log.write(own_log.read_bytes())
                 log.flush()
-            streaming.join(timeout=300)
-            assert not streaming.is_alive()
             # The kills cut real work: restarts resumed mid-stream, with part of the edges stored.
             assert re.search(r"resuming at offset [1-9]", log_path.read_text())
             assert 0 < sum(stored_edges(config).values()) < EDGES
+            kills_over.set()
+            streaming.join(timeout=300)
+            assert not streaming.is_alive()
             # Two replicas in one group drain the rest, sharing the partitions.
             replica_logs = [tmp_path / f"replica-{i}.log" for i in range(2)]
             replicas = []
@@ -149,6 +157,7 @@ def test_kill_9_five_times_while_edges_stream_in_loses_and_repeats_nothing(stack
                 outputs.append(json.loads(out.decode().strip().splitlines()[-1]))
                 log.write(replica_log.read_bytes())
         finally:
+            kills_over.set()
             streaming.join(timeout=300)
 
     assert stored_edges(config) == produced, "the Parquet store lost or repeated edges"
