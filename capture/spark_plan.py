@@ -116,3 +116,60 @@ def plan_ir(df: DataFrame) -> tuple[PlanNode, list]:
     """The IR of ``df``'s analyzed plan and the JVM nodes indexed by IR node id."""
     nodes = preorder(analyzed(df))
     return build([raw_node(n) for n in nodes]), nodes
+
+
+def plan_records(plan) -> list[dict]:
+    """A JVM plan as the records the log-only fallback reads (``headwater.query.infer.operators``):
+    pre-order raw nodes, each with the records of the scalar subqueries its expressions hold."""
+    records = []
+    for node in preorder(plan):
+        record = dict(raw_node(node))
+        subqueries = {}
+        for expression in Jvm.items(node.expressions()):
+            for scalar in _scalar_subqueries(expression):
+                subqueries[str(scalar.exprId().id())] = plan_records(scalar.plan())
+        if subqueries:
+            record["subqueries"] = subqueries
+        records.append(record)
+    return records
+
+
+def _scalar_subqueries(expression) -> list:
+    found, stack = [], [expression]
+    while stack:
+        e = stack.pop()
+        if e.getClass().getSimpleName() == "ScalarSubquery":
+            found.append(e)
+        stack.extend(Jvm.items(e.children()))
+    return found
+
+
+# Optimizer settings for the plan the log-only fallback reads: no rewrites that hide values
+# (DecimalAggregates sums unscaled longs; long IN lists become an InSet Spark's JSON leaves
+# empty) and no runtime filters. The plan means the same; it is only easier to reason about.
+FALLBACK_CONF = {
+    "spark.sql.optimizer.excludedRules": "org.apache.spark.sql.catalyst.optimizer.DecimalAggregates",
+    "spark.sql.optimizer.inSetConversionThreshold": "1000000",
+    "spark.sql.optimizer.runtime.bloomFilter.enabled": "false",
+    "spark.sql.optimizer.runtimeFilter.semiJoinReduction.enabled": "false",
+}
+
+
+def optimized_records(df: DataFrame) -> list[dict]:
+    """``plan_records`` of ``df``'s optimized plan (subqueries rewritten into joins where
+    Spark can), optimized afresh under ``FALLBACK_CONF``; the session's settings are restored."""
+    conf = df.sparkSession.conf
+    saved = {key: conf.get(key, None) for key in FALLBACK_CONF}
+    try:
+        for key, value in FALLBACK_CONF.items():
+            conf.set(key, value)
+        jvm = Jvm(df.sparkSession)
+        fresh = jvm.jvm.org.apache.spark.sql.classic.Dataset.ofRows(
+            df.sparkSession._jsparkSession, df._jdf.queryExecution().logical())
+        return plan_records(fresh.queryExecution().optimizedPlan())
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                conf.unset(key)
+            else:
+                conf.set(key, value)

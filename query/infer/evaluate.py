@@ -1,0 +1,305 @@
+"""Evaluating expressions over a table's rows, with SQL's null semantics.
+
+A frame is a pandas DataFrame whose columns are exprIds. Predicates evaluate to pandas'
+nullable ``boolean`` (Kleene logic: ``NOT NULL`` is NULL, ``FALSE AND NULL`` is FALSE), and
+a row passes a predicate only where it is TRUE, as in Spark's Filter.
+
+Decimals stay ``Decimal`` (exact, as Spark's are), dates ``datetime.date``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import operator
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+import numpy as np
+import pandas as pd
+
+from .expr import Expr
+
+
+class Unevaluable(ValueError):
+    """An expression holds a node this package cannot evaluate (an opaque function, an aggregate…)."""
+
+
+@dataclass
+class Binding:
+    """Values a predicate's free names stand for: the traced row's values, value sets, subquery results."""
+
+    params: dict[str, object] = field(default_factory=dict)
+    sets: dict[str, frozenset] = field(default_factory=dict)
+    scalars: dict[int, object] = field(default_factory=dict)
+
+
+_COMPARE = {"=": operator.eq, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+
+
+def holds(e: Expr, frame: pd.DataFrame, bind: Binding | None = None) -> np.ndarray:
+    """Which rows ``e`` is TRUE for (NULL and FALSE rows do not pass)."""
+    value = evaluate(e, frame, bind or Binding())
+    return value.fillna(False).to_numpy(dtype=bool)
+
+
+def evaluate(e: Expr, frame: pd.DataFrame, bind: Binding | None = None) -> pd.Series:
+    return _eval(e, frame, bind or Binding())
+
+
+def _const(value, frame: pd.DataFrame) -> pd.Series:
+    if isinstance(value, bool):
+        return pd.Series(value, index=frame.index, dtype="boolean")
+    return pd.Series([value] * len(frame), index=frame.index, dtype=object)
+
+
+def _null(frame: pd.DataFrame, dtype="boolean") -> pd.Series:
+    if dtype == "boolean":
+        return pd.Series(pd.NA, index=frame.index, dtype="boolean")
+    return pd.Series([None] * len(frame), index=frame.index, dtype=object)
+
+
+def _isnull(s: pd.Series) -> np.ndarray:
+    return s.isna().to_numpy(dtype=bool)
+
+
+def _series(values: np.ndarray, ok: np.ndarray, frame: pd.DataFrame, dtype=object) -> pd.Series:
+    """A column from an object array whose rows outside ``ok`` are NULL."""
+    if dtype == "boolean":
+        truth = np.zeros(len(values), dtype=bool)
+        truth[ok] = values[ok].astype(bool)
+        return pd.Series(pd.arrays.BooleanArray(truth, ~ok), index=frame.index)
+    values = values.copy()
+    values[~ok] = None
+    return pd.Series(values, index=frame.index, dtype=object)
+
+
+def _elementwise(fn, a: pd.Series, b: pd.Series, frame: pd.DataFrame, dtype=object) -> pd.Series:
+    """``fn`` on the rows where neither side is NULL; NULL elsewhere."""
+    ok = ~(_isnull(a) | _isnull(b))
+    values = np.full(len(frame), None, dtype=object)
+    if ok.any():
+        values[np.flatnonzero(ok)] = _objects([fn(x, y) for x, y in zip(a[ok].tolist(), b[ok].tolist())])
+    return _series(values, ok, frame, dtype)
+
+
+def _map(fn, a: pd.Series, frame: pd.DataFrame, dtype=object) -> pd.Series:
+    ok = ~_isnull(a)
+    values = np.full(len(frame), None, dtype=object)
+    if ok.any():
+        values[np.flatnonzero(ok)] = _objects([fn(x) for x in a[ok].tolist()])
+    return _series(values, ok, frame, dtype)
+
+
+def _objects(items: list) -> np.ndarray:
+    """A list as a 1-d object array, even when its items are sequences themselves."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def _bool(s: pd.Series) -> pd.Series:
+    return s if str(s.dtype) == "boolean" else s.astype("boolean")
+
+
+def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
+    op = e.op
+    if op == "col":
+        try:
+            return frame[e.value[0]]
+        except KeyError:
+            raise Unevaluable(f"column {e.value[1]}#{e.value[0]} is not in the table evaluated") from None
+    if op == "lit":
+        return _null(frame, object) if e.value is None else _const(e.value, frame)
+    if op == "param":
+        if e.value not in bind.params:
+            raise Unevaluable(f"no value for ${e.value}")
+        value = bind.params[e.value]
+        return _null(frame, object) if value is None else _const(value, frame)
+    if op == "scalar_subquery":
+        if e.value not in bind.scalars:
+            raise Unevaluable(f"no value for scalar subquery {e.value}")
+        value = bind.scalars[e.value]
+        return _null(frame, object) if value is None else _const(value, frame)
+    if op == "alias":
+        return _eval(e.args[0], frame, bind)
+    if op == "and":
+        return _bool(_eval(e.args[0], frame, bind)) & _bool(_eval(e.args[1], frame, bind))
+    if op == "or":
+        return _bool(_eval(e.args[0], frame, bind)) | _bool(_eval(e.args[1], frame, bind))
+    if op == "not":
+        return ~_bool(_eval(e.args[0], frame, bind))
+    if op in _COMPARE:
+        a, b = (_eval(x, frame, bind) for x in e.args)
+        return _elementwise(_compare(_COMPARE[op]), a, b, frame, "boolean")
+    if op == "<=>":
+        a, b = (_eval(x, frame, bind) for x in e.args)
+        both_null = _isnull(a) & _isnull(b)
+        equal = _elementwise(_compare(operator.eq), a, b, frame, "boolean").fillna(False)
+        return pd.Series(both_null | equal.to_numpy(dtype=bool), index=frame.index, dtype="boolean")
+    if op == "isnull":
+        return pd.Series(_isnull(_eval(e.args[0], frame, bind)), index=frame.index, dtype="boolean")
+    if op == "isnotnull":
+        return pd.Series(~_isnull(_eval(e.args[0], frame, bind)), index=frame.index, dtype="boolean")
+    if op == "in":
+        a = _eval(e.args[0], frame, bind)
+        items = [_eval(x, frame, bind) for x in e.args[1:]]
+        if all(x.op in ("lit", "param") for x in e.args[1:]):
+            values = {value_key(s.iloc[0]) for s in items if len(s) and not pd.isna(s.iloc[0])}
+            return _map(lambda v: value_key(v) in values, a, frame, "boolean")
+        out = pd.Series(False, index=frame.index, dtype="boolean")
+        for s in items:
+            out = out | _elementwise(_compare(operator.eq), a, s, frame, "boolean")
+        return out
+    if op == "in_set":
+        values = bind.sets.get(e.value)
+        if values is None:
+            raise Unevaluable(f"no values bound for the set @{e.value}")
+        a = _eval(e.args[0], frame, bind)
+        return _map(lambda v: value_key(v) in values, a, frame, "boolean")
+    if op in _ARITH:
+        a, b = (_eval(x, frame, bind) for x in e.args)
+        return _elementwise(_arith(_ARITH[op]), a, b, frame)
+    if op == "neg":
+        return _map(operator.neg, _eval(e.args[0], frame, bind), frame)
+    if op == "abs":
+        return _map(abs, _eval(e.args[0], frame, bind), frame)
+    if op in ("startswith", "endswith", "contains"):
+        a, b = (_eval(x, frame, bind) for x in e.args)
+        fn = {"startswith": str.startswith, "endswith": str.endswith, "contains": operator.contains}[op]
+        return _elementwise(lambda x, y: fn(str(x), str(y)), a, b, frame, "boolean")
+    if op == "like":
+        a, pattern = (_eval(x, frame, bind) for x in e.args)
+        return _elementwise(lambda x, p: _like(p, e.value).fullmatch(str(x)) is not None, a, pattern, frame, "boolean")
+    if op in ("upper", "lower", "length"):
+        fn = {"upper": str.upper, "lower": str.lower, "length": len}[op]
+        return _map(lambda x: fn(str(x)), _eval(e.args[0], frame, bind), frame)
+    if op == "substring":
+        s, pos, length = (_eval(x, frame, bind) for x in e.args)
+        ok = ~(_isnull(s) | _isnull(pos) | _isnull(length))
+        values = np.full(len(frame), None, dtype=object)
+        values[np.flatnonzero(ok)] = _objects([_substring(str(x), int(p), int(n)) for x, p, n in
+                                               zip(s[ok].tolist(), pos[ok].tolist(), length[ok].tolist())])
+        return _series(values, ok, frame)
+    if op in ("year", "month", "day"):
+        return _map(lambda d: getattr(d, op), _eval(e.args[0], frame, bind), frame)
+    if op == "cast":
+        return _map(_caster(e.dtype or "string"), _eval(e.args[0], frame, bind), frame)
+    if op in ("case", "if"):
+        return _case(e, frame, bind)
+    if op == "coalesce":
+        out = _eval(e.args[0], frame, bind).astype(object)
+        for other in e.args[1:]:
+            missing = _isnull(out)
+            if not missing.any():
+                break
+            out = out.where(~missing, _eval(other, frame, bind).astype(object))
+        return out
+    raise Unevaluable(f"cannot evaluate {op}{'[' + str(e.value) + ']' if op == 'opaque' else ''}")
+
+
+def _case(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
+    args = list(e.args)
+    values = np.full(len(frame), None, dtype=object)
+    undecided = np.ones(len(frame), dtype=bool)
+    while len(args) >= 2:
+        cond, value = args[0], args[1]
+        args = args[2:]
+        chosen = undecided & holds(cond, frame, bind)
+        if chosen.any():
+            values[chosen] = _eval(value, frame, bind).to_numpy(dtype=object)[chosen]
+        undecided &= ~chosen
+    if args and undecided.any():
+        values[undecided] = _eval(args[0], frame, bind).to_numpy(dtype=object)[undecided]
+    return pd.Series(values, index=frame.index, dtype=object)
+
+
+def value_key(v):
+    """A value as set members and join keys compare: Spark compares 1 and 1.0 and Decimal('1.0') equal; so must sets."""
+    if isinstance(v, (float, np.floating)) and not np.isfinite(v):
+        return None if np.isnan(v) else float(v)
+    if isinstance(v, (Decimal, float, np.floating)) and v == int(v):
+        return int(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, pd.Timestamp):
+        return v.date()
+    return v
+
+
+def _compare(fn):
+    def compare(x, y):
+        if isinstance(x, Decimal) and isinstance(y, float) or isinstance(x, float) and isinstance(y, Decimal):
+            x, y = float(x), float(y)
+        return bool(fn(x, y))
+    return compare
+
+
+def _arith(fn):
+    def arith(x, y):
+        if isinstance(x, Decimal) and isinstance(y, (float, np.floating)):
+            x = float(x)
+        elif isinstance(y, Decimal) and isinstance(x, (float, np.floating)):
+            y = float(y)
+        if fn is operator.truediv:
+            if y == 0:
+                return None
+            if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer)):
+                return x / y
+        return fn(x, y)
+    return arith
+
+
+def _caster(dtype: str):
+    found = _DECIMAL.fullmatch(dtype)
+    if found:
+        quantum = Decimal(1).scaleb(-int(found.group(2)))
+
+        def to_decimal(v):
+            try:
+                return Decimal(str(v) if isinstance(v, float) else v).quantize(quantum, rounding=ROUND_HALF_UP)
+            except (InvalidOperation, TypeError, ValueError):
+                return None
+        return to_decimal
+    if dtype in ("double", "float"):
+        return float
+    if dtype in ("integer", "long", "short", "byte"):
+        return lambda v: int(v) if not isinstance(v, str) else int(float(v))
+    if dtype == "string":
+        return lambda v: v.isoformat() if isinstance(v, datetime.date) else str(v)
+    if dtype == "date":
+        return lambda v: v if isinstance(v, datetime.date) else datetime.date.fromisoformat(str(v)[:10])
+    if dtype == "boolean":
+        return bool
+    raise Unevaluable(f"cannot cast to {dtype}")
+
+
+def _substring(s: str, pos: int, length: int) -> str:
+    """Spark's ``substring``: 1-based; 0 counts as 1; negative counts from the end."""
+    if length <= 0:
+        return ""
+    start = pos - 1 if pos > 0 else (0 if pos == 0 else max(len(s) + pos, 0))
+    return s[start:start + length]
+
+
+_LIKE_CACHE: dict[tuple[str, str], re.Pattern] = {}
+
+
+def _like(pattern: str, escape: str) -> re.Pattern:
+    key = (pattern, escape)
+    if key not in _LIKE_CACHE:
+        out, i = [], 0
+        while i < len(pattern):
+            ch = pattern[i]
+            if ch == escape and i + 1 < len(pattern):
+                out.append(re.escape(pattern[i + 1]))
+                i += 2
+                continue
+            out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+            i += 1
+        _LIKE_CACHE[key] = re.compile("".join(out), re.S)
+    return _LIKE_CACHE[key]

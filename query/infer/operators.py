@@ -1,0 +1,215 @@
+"""A logged optimized plan as operators the pushdown reasons about.
+
+Read from the records ``capture/spark_plan.py`` takes off Spark (pre-order, each with
+Spark's own JSON of the node) or from the JSON Spark embeds for a scalar subquery's plan.
+Every operator knows its output attributes; expressions are ``expr.Expr`` trees. A node
+this module does not model becomes ``Unknown``: pushdown sends ``true`` (its whole input,
+a flagged superset) through it, never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from headwater.core.plan import Attr
+
+from .expr import Expr, Subqueries, col, expr_id, parse, type_name
+
+_RELATIONS = {
+    "LogicalRelation", "LocalRelation", "DataSourceV2Relation", "DataSourceV2ScanRelation", "HiveTableRelation",
+    "StreamingRelation", "StreamingRelationV2", "StreamingExecutionRelation", "StreamingDataSourceV2Relation",
+    "StreamingDataSourceV2ScanRelation", "LogicalRDD", "Range", "OneRowRelation",
+}
+_PASS_THROUGH = {"SubqueryAlias", "View", "Repartition", "RepartitionByExpression", "RebalancePartitions",
+                 "EventTimeWatermark", "ResolvedHint", "Sample"}
+JOIN_KINDS = ("inner", "cross", "leftouter", "rightouter", "fullouter", "leftsemi", "leftanti")
+
+
+@dataclass
+class Op:
+    id: int
+    kind: str
+    output: list[Attr]
+    children: list["Op"] = field(default_factory=list)
+
+    def walk(self) -> Iterator["Op"]:
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+    def relations(self) -> list["Relation"]:
+        return [o for o in self.walk() if isinstance(o, Relation)]
+
+
+@dataclass
+class Relation(Op):
+    spark_class: str = ""
+    location: dict | None = None
+    streaming: bool = False
+
+
+@dataclass
+class Project(Op):
+    items: list[tuple[Attr, Expr]] = field(default_factory=list)
+
+
+@dataclass
+class Filter(Op):
+    condition: Expr | None = None
+
+
+@dataclass
+class Join(Op):
+    join_type: str = "inner"
+    condition: Expr | None = None
+
+
+@dataclass
+class Aggregate(Op):
+    groups: list[Expr] = field(default_factory=list)
+    items: list[tuple[Attr, Expr]] = field(default_factory=list)
+
+
+@dataclass
+class Sort(Op):
+    order: list[Expr] = field(default_factory=list)
+
+
+@dataclass
+class Limit(Op):
+    n: int = 0
+
+
+@dataclass
+class Union(Op):
+    pass
+
+
+@dataclass
+class Deduplicate(Op):
+    keys: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Unknown(Op):
+    spark_class: str = ""
+
+
+@dataclass
+class Plan:
+    """A query's optimized plan, with the plans of its uncorrelated scalar subqueries."""
+
+    root: Op
+    subqueries: dict[int, "Plan"] = field(default_factory=dict)
+
+    def operators(self) -> Iterator[Op]:
+        yield from self.root.walk()
+        for sub in self.subqueries.values():
+            yield from sub.operators()
+
+
+def _attr(flat: list[dict]) -> Attr:
+    node = flat[0]
+    return Attr(node.get("name", ""), expr_id(node), node.get("dataType") if isinstance(node.get("dataType"), str)
+                else "")
+
+
+def _named(flat: list[dict], subqueries: Subqueries) -> tuple[Attr, Expr]:
+    """An output column of a Project or Aggregate: its attribute and what computes it."""
+    e = parse(flat, subqueries)
+    if e.op == "alias":
+        eid, name = e.value
+        return Attr(name, eid, e.dtype or ""), e.args[0]
+    if e.op == "col":
+        return Attr(e.value[1], e.value[0], e.dtype or ""), e
+    raise ValueError(f"an output column that is neither an attribute nor an alias: {e}")
+
+
+def _join_type(fields: dict) -> str:
+    jt = fields.get("joinType")
+    name = jt.get("object", "") if isinstance(jt, dict) else str(jt or "")
+    return name.rsplit(".", 1)[-1].rstrip("$").lower().replace("join", "") or "unknown"
+
+
+def build(nodes: list[dict], first_id: int = 0) -> Plan:
+    """The operators of a plan given in pre-order: capture's records (with ``fields``) or Spark's JSON.
+
+    Operator ids run in pre-order from ``first_id``, then on through the subqueries' plans,
+    so they are unique in the whole plan.
+    """
+    subqueries = Subqueries()
+    position = 0
+
+    def take() -> Op:
+        nonlocal position
+        if position >= len(nodes):
+            raise ValueError("plan records end inside the tree")
+        record = nodes[position]
+        node_id = first_id + position
+        position += 1
+        fields = record.get("fields", record)
+        cls = record.get("spark_class") or fields.get("class", "").rsplit(".", 1)[-1]
+        children = [take() for _ in range(int(record.get("num_children", fields.get("num-children", 0))))]
+        logged = [Attr(a["name"], a["expr_id"], type_name(a["dtype"]) or "") for a in record["output"]] if "output" in record \
+            and isinstance(record["output"][:1] and record["output"][0], dict) else None
+        op = _operator(node_id, cls, fields, children, subqueries, record)
+        if logged is not None:
+            op.output = logged
+        return op
+
+    root = take()
+    if position != len(nodes):
+        raise ValueError(f"plan records do not form one tree ({len(nodes) - position} left over)")
+    # Capture logs a subquery's plan as records of its own (with relations' locations);
+    # Spark's JSON of the expression holds a bare copy, used when those are missing.
+    logged = {int(k): v for record in nodes for k, v in record.get("subqueries", {}).items()}
+    plan = Plan(root)
+    next_id = first_id + len(nodes)
+    for sid, spark_json in subqueries.plans.items():
+        sub = build(logged.get(sid, spark_json), next_id)
+        next_id = max(op.id for op in sub.operators()) + 1
+        plan.subqueries[sid] = sub
+    return plan
+
+
+def _operator(node_id: int, cls: str, fields: dict, children: list[Op], subqueries: Subqueries,
+              record: dict) -> Op:
+    first = children[0].output if children else []
+    if cls in _RELATIONS:
+        output = [_attr(a) for a in fields.get("output", []) if a]
+        return Relation(node_id, "Relation", output, [], spark_class=cls, location=record.get("location"),
+                        streaming=bool(record.get("streaming", fields.get("isStreaming", False))))
+    if cls in _PASS_THROUGH and len(children) == 1:
+        return Project(node_id, "Project", list(first), children, items=[(a, col(a.expr_id, a.name, a.dtype))
+                                                                        for a in first])
+    if cls == "Project":
+        items = [_named(e, subqueries) for e in fields.get("projectList", [])]
+        return Project(node_id, "Project", [a for a, _ in items], children, items=items)
+    if cls == "Filter":
+        return Filter(node_id, "Filter", list(first), children, condition=parse(fields["condition"], subqueries))
+    if cls == "Join":
+        join_type = _join_type(fields)
+        condition = parse(fields["condition"], subqueries) if fields.get("condition") else None
+        if join_type in ("leftsemi", "leftanti"):
+            output = list(first)
+        else:
+            output = list(first) + list(children[1].output)
+        if join_type not in JOIN_KINDS:
+            return Unknown(node_id, "Unknown", output, children, spark_class=f"Join {join_type}")
+        return Join(node_id, "Join", output, children, join_type=join_type, condition=condition)
+    if cls == "Aggregate":
+        items = [_named(e, subqueries) for e in fields.get("aggregateExpressions", [])]
+        groups = [parse(g, subqueries) for g in fields.get("groupingExpressions", [])]
+        return Aggregate(node_id, "Aggregate", [a for a, _ in items], children, groups=groups, items=items)
+    if cls == "Sort":
+        return Sort(node_id, "Sort", list(first), children, order=[parse(o, subqueries) for o in fields["order"]])
+    if cls in ("GlobalLimit", "LocalLimit"):
+        n = parse(fields["limitExpr"]).value
+        return Limit(node_id, "Limit", list(first), children, n=int(n))
+    if cls == "Union":
+        return Union(node_id, "Union", list(first), children)
+    if cls in ("Deduplicate", "Distinct"):
+        keys = [_attr(k).expr_id for k in fields.get("keys", [])] or [a.expr_id for a in first]
+        return Deduplicate(node_id, "Deduplicate", list(first), children, keys=keys)
+    return Unknown(node_id, "Unknown", list(first), children, spark_class=cls)

@@ -1,0 +1,290 @@
+"""Predicate pushdown through a plan, operator by operator (PredTrace §3–§4, §6.1).
+
+``through(op, F)`` turns a predicate on an operator's output into one predicate per
+input: the most selective one this module can justify, allowing a superset (PredTrace
+Algorithm 3, line 4). Where a conjunct cannot be pushed (it reads both sides of a join,
+or an aggregate's result) it is dropped and the operator is recorded as inexact: the
+answer will be flagged a superset. Table 2's defaults are the rules here: a group's
+whole input, an anti join's inner side empty, a semi join's inner rows by the correlated
+value.
+
+``push_up`` derives PredTrace's row-value predicates (§6.1): for each output attribute,
+the value-set variables it is known to lie in. A relation's attribute lies in its own
+variable; an equi-join makes its two keys lie in each other's. Pushing those down again
+(phase 3) hands each side of a join the other side's key values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .expr import (
+    FALSE, TRUE, Expr, cmp, col, conj, conjuncts, evaluable, in_set, refs, substitute,
+)
+from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Plan, Project, Relation, Sort, Union
+
+SetFacts = dict[int, frozenset[str]]  # exprId → names of value sets it lies in
+
+
+def set_var(relation: Relation, expr_id: int) -> str:
+    return f"r{relation.id}.{expr_id}"
+
+
+@dataclass
+class Pushed:
+    """Predicates at every operator's output, and where pushing lost precision."""
+
+    at: dict[int, Expr] = field(default_factory=dict)
+    sent: dict[int, list[Expr]] = field(default_factory=dict)  # op id → what it pushed to each input
+    inexact: dict[int, str] = field(default_factory=dict)  # op id → why its pushdown is only a superset
+
+
+def push_down(plan: Plan, top: Expr, facts: dict[int, SetFacts] | None = None,
+              subquery_top: Expr = TRUE) -> Pushed:
+    """``top`` pushed from the root to every relation; with ``facts`` (phase 3), each
+    operator's output predicate also asserts its row-value facts."""
+    pushed = Pushed()
+
+    def visit(op: Op, predicate: Expr) -> None:
+        if facts is not None:
+            predicate = conj([predicate, *_facts_predicate(op, facts.get(op.id, {}))])
+        pushed.at[op.id] = predicate
+        parts, why = through(op, predicate)
+        pushed.sent[op.id] = parts
+        if why:
+            pushed.inexact[op.id] = why
+        for child, part in zip(op.children, parts):
+            visit(child, part)
+
+    visit(plan.root, top)
+    for sub in plan.subqueries.values():
+        inner = push_down(sub, subquery_top, facts)
+        pushed.at.update(inner.at)
+        pushed.sent.update(inner.sent)
+        pushed.inexact.update(inner.inexact)
+    return pushed
+
+
+def _facts_predicate(op: Op, facts: SetFacts) -> list[Expr]:
+    by_id = {a.expr_id: a for a in op.output}
+    return [in_set(col(eid, by_id[eid].name, by_id[eid].dtype), var)
+            for eid, names in sorted(facts.items()) if eid in by_id for var in sorted(names)]
+
+
+def through(op: Op, predicate: Expr) -> tuple[list[Expr], str | None]:
+    """Predicates on each child of ``op`` such that ``op`` over the selected inputs still
+    yields every output row ``predicate`` selects; and why they select more, if they may."""
+    if isinstance(op, Relation):
+        return [], None
+    if isinstance(op, Project):
+        mapping = {a.expr_id: e for a, e in op.items}
+        return [substitute(predicate, mapping)], None
+    if isinstance(op, Filter):
+        return [conj([predicate, op.condition])], None
+    if isinstance(op, (Sort, Limit, Deduplicate)):
+        return [predicate], None
+    if isinstance(op, Aggregate):
+        return _through_aggregate(op, predicate)
+    if isinstance(op, Join):
+        return _through_join(op, predicate)
+    if isinstance(op, Union):
+        parts = []
+        for child in op.children:
+            mapping = {a.expr_id: col(c.expr_id, c.name, c.dtype) for a, c in zip(op.output, child.output)}
+            parts.append(substitute(predicate, mapping))
+        return parts, None
+    return [TRUE] * len(op.children), f"{getattr(op, 'spark_class', op.kind)} is not modelled: its whole input"
+
+
+def _through_aggregate(op: Aggregate, predicate: Expr) -> tuple[list[Expr], str | None]:
+    """Table 2's GroupBy: the whole group. Conjuncts on grouping columns go down, rewritten
+    over the grouping expressions; conjuncts on aggregate results cannot."""
+    groups = {}
+    for attr, e in op.items:
+        if e.op != "agg" and not any(n.op == "agg" for n in e.walk()) and e in op.groups:
+            groups[attr.expr_id] = e
+    group_ids = {g.value[0] for g in op.groups if g.op == "col"}
+    kept, dropped = [], []
+    for c in conjuncts(predicate):
+        ids = refs(c)
+        if ids <= set(groups) or ids <= group_ids:
+            kept.append(substitute(c, groups))
+        else:
+            dropped.append(c)
+    # Filtering by aggregate results keeps whole groups or none: what is dropped costs
+    # precision only when more than one group can pass what is kept.
+    pinned = all(any(_pins(c, g) for c in kept) for g in op.groups)
+    why = f"conjuncts on aggregate results not pushed: {dropped}" if dropped and not pinned else None
+    return [conj(kept)], why
+
+
+def _pins(c: Expr, e: Expr) -> bool:
+    """Whether conjunct ``c`` fixes ``e`` to one value (``e = constant``)."""
+    return c.op in ("=", "<=>") and any(a == e and not refs(b) for a, b in (c.args, c.args[::-1]))
+
+
+def equi_pairs(op: Join) -> list[tuple[Expr, Expr]]:
+    """(left expression, right expression) of each equality in the join condition."""
+    left_ids = {a.expr_id for a in op.children[0].output}
+    right_ids = {a.expr_id for a in op.children[1].output}
+    pairs = []
+    for c in conjuncts(op.condition) if op.condition is not None else []:
+        if c.op != "=":
+            continue
+        a, b = c.args
+        if refs(a) and refs(b) and refs(a) <= left_ids and refs(b) <= right_ids:
+            pairs.append((a, b))
+        elif refs(a) and refs(b) and refs(b) <= left_ids and refs(a) <= right_ids:
+            pairs.append((b, a))
+    return pairs
+
+
+def _split(parts: list[Expr], left_ids: set[int], right_ids: set[int]) -> tuple[list[Expr], list[Expr], list[Expr]]:
+    left, right, both = [], [], []
+    for c in parts:
+        ids = refs(c)
+        if ids <= left_ids and ids:
+            left.append(c)
+        elif ids <= right_ids and ids:
+            right.append(c)
+        elif not ids:
+            left.append(c)
+            right.append(c)
+        else:
+            both.append(c)
+    return left, right, both
+
+
+def _transfer(parts: list[Expr], pairs: list[tuple[Expr, Expr]], to_right: bool) -> list[Expr]:
+    """Equalities and value-set facts on one side's join key, restated on the other side's key."""
+    moved = []
+    for c in parts:
+        for left_key, right_key in pairs:
+            source, target = (left_key, right_key) if to_right else (right_key, left_key)
+            if c.op in ("=", "<=>") and c.args[0] == source and not refs(c.args[1]):
+                moved.append(cmp("=", target, c.args[1]))
+            elif c.op in ("=", "<=>") and c.args[1] == source and not refs(c.args[0]):
+                moved.append(cmp("=", target, c.args[0]))
+            elif c.op == "in_set" and c.args[0] == source:
+                moved.append(in_set(target, c.value))
+    return moved
+
+
+def _through_join(op: Join, predicate: Expr) -> tuple[list[Expr], str | None]:
+    left_ids = {a.expr_id for a in op.children[0].output}
+    right_ids = {a.expr_id for a in op.children[1].output}
+    cond = conjuncts(op.condition) if op.condition is not None else []
+    pairs = equi_pairs(op)
+    on_output = conjuncts(predicate)
+    kind = op.join_type
+    if kind in ("inner", "cross"):
+        left, right, both = _split(on_output + cond, left_ids, right_ids)
+        left += _transfer(left, pairs, to_right=False) + _transfer(right, pairs, to_right=False)
+        right += _transfer(left, pairs, to_right=True) + _transfer(right, pairs, to_right=True)
+        why = _residual(both, cond)
+        return [conj(left), conj(right)], why
+    if kind == "leftsemi":
+        # Table 2 SemiJoin: the outer row; the inner rows matching it by the correlated value.
+        out_left, _, out_both = _split(on_output, left_ids, right_ids)
+        c_left, c_right, c_both = _split(cond, left_ids, right_ids)
+        left = out_left + c_left
+        right = c_right + _transfer(left, pairs, to_right=True)
+        return [conj(left), conj(right)], _residual(out_both + c_both, cond)
+    if kind == "leftanti":
+        # Table 2 AntiJoin: the outer row; nothing of the inner side is lineage.
+        out_left, _, out_both = _split(on_output, left_ids, right_ids)
+        return [conj(out_left), FALSE], _residual(out_both, [])
+    if kind == "leftouter":
+        out_left, out_right, out_both = _split(on_output, left_ids, right_ids)
+        _, c_right, c_both = _split(cond, left_ids, right_ids)
+        right = out_right + c_right + _transfer(out_left, pairs, to_right=True)
+        return [conj(out_left), conj(right)], _residual(out_both + c_both, cond)
+    if kind == "rightouter":
+        out_left, out_right, out_both = _split(on_output, left_ids, right_ids)
+        c_left, _, c_both = _split(cond, left_ids, right_ids)
+        left = out_left + c_left + _transfer(out_right, pairs, to_right=False)
+        return [conj(left), conj(out_right)], _residual(out_both + c_both, cond)
+    out_left, out_right, out_both = _split(on_output, left_ids, right_ids)  # full outer
+    return [conj(out_left), conj(out_right)], _residual(out_both, cond) or "full outer join"
+
+
+def _residual(both: list[Expr], cond: list[Expr]) -> str | None:
+    """Why a join's pushdown may select more: conjuncts reading both sides that are not
+    plain key equalities (those the value sets enforce)."""
+    loose = [c for c in both if not (c.op == "=" and c in cond and evaluable(c))]
+    return f"conjuncts over both join sides not pushed: {loose}" if loose else None
+
+
+def push_up(plan: Plan) -> dict[int, SetFacts]:
+    """Row-value facts (phase 2) at every operator of the plan and its subqueries."""
+    facts: dict[int, SetFacts] = {}
+
+    def visit(op: Op) -> SetFacts:
+        below = [visit(c) for c in op.children]
+        found = _up(op, below)
+        facts[op.id] = found
+        return found
+
+    visit(plan.root)
+    for sub in plan.subqueries.values():
+        facts.update(push_up(sub))
+    return facts
+
+
+def _merge(*maps: SetFacts) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for m in maps:
+        for k, v in m.items():
+            out.setdefault(k, set()).update(v)
+    return out
+
+
+def _frozen(m: dict[int, set[str]]) -> SetFacts:
+    return {k: frozenset(v) for k, v in m.items() if v}
+
+
+def _up(op: Op, below: list[SetFacts]) -> SetFacts:
+    if isinstance(op, Relation):
+        return {a.expr_id: frozenset({set_var(op, a.expr_id)}) for a in op.output}
+    if isinstance(op, (Filter, Sort, Limit, Deduplicate)):
+        return below[0]
+    if isinstance(op, Project):
+        out: dict[int, set[str]] = {}
+        for attr, e in op.items:
+            if e.op == "col" and e.value[0] in below[0]:
+                out[attr.expr_id] = set(below[0][e.value[0]])
+        return _frozen(out)
+    if isinstance(op, Aggregate):
+        out = {}
+        for attr, e in op.items:
+            if e.op == "col" and e in op.groups and e.value[0] in below[0]:
+                out[attr.expr_id] = set(below[0][e.value[0]])
+        return _frozen(out)
+    if isinstance(op, Join):
+        left, right = below
+        keys = [(a.value[0], b.value[0]) for a, b in equi_pairs(op) if a.op == "col" and b.op == "col"]
+        if op.join_type in ("inner", "cross"):
+            out = _merge(left, right)
+            for a, b in keys:
+                joined = out.get(a, set()) | out.get(b, set())
+                out[a], out[b] = set(joined), set(joined)
+            return _frozen(out)
+        if op.join_type == "leftsemi":
+            out = _merge(left)
+            for a, b in keys:
+                out.setdefault(a, set()).update(right.get(b, ()))
+            return _frozen(out)
+        if op.join_type == "leftouter":
+            out = _merge(left, right)
+            for a, b in keys:
+                out.setdefault(b, set()).update(left.get(a, ()))
+            return _frozen(out)
+        if op.join_type == "rightouter":
+            out = _merge(left, right)
+            for a, b in keys:
+                out.setdefault(a, set()).update(right.get(b, ()))
+            return _frozen(out)
+        if op.join_type == "leftanti":
+            return dict(left)
+        return _frozen(_merge(left, right))
+    return {}

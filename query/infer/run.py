@@ -1,0 +1,295 @@
+"""Running a logged plan over tables in memory, optionally carrying each row's lineage.
+
+The log-only fallback needs this for the values of scalar subqueries (a predicate
+compares with them), and the precise mode for the intermediate results it saves. With
+``lineage=True`` every row carries the set of (relation id, row position) it derives from,
+by the rules of Perm and PredTrace's Table 2: a join's row from both sides, a group from
+all its rows, a semi join's row from the inner rows that matched it, an anti join's only
+from its outer row, a scalar subquery's value from every row of its input. The tests use
+that mode, on small tables, as the oracle for the inference.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from .evaluate import Binding, Unevaluable, evaluate, holds, value_key
+from .expr import Expr, conjuncts, lit
+from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Plan, Project, Relation, Sort, Union
+from .pushdown import equi_pairs
+
+LINEAGE = "__lineage"
+CROSS_LIMIT = 20_000_000  # rows a join without equal keys may pair up: beyond it, refuse
+
+Tables = Callable[[Relation], pd.DataFrame]  # a relation's rows, by column name
+
+
+class Running:
+    """One run of a plan: the relations' tables, subquery values, and whether lineage is carried."""
+
+    def __init__(self, plan: Plan, tables: Tables, lineage: bool = False):
+        self.plan = plan
+        self.tables = tables
+        self.lineage = lineage
+        self.bind = Binding()
+        self.subquery_lineage: frozenset = frozenset()
+        for sid, sub in plan.subqueries.items():
+            frame = self.run(sub.root)
+            column = sub.root.output[0].expr_id
+            self.bind.scalars[sid] = frame[column].iloc[0] if len(frame) else None
+            if lineage and len(frame):
+                self.subquery_lineage |= frame[LINEAGE].iloc[0]
+
+    def run(self, op: Op) -> pd.DataFrame:
+        runner = _RUNNERS.get(type(op))
+        if runner is None:
+            raise Unevaluable(f"cannot run {getattr(op, 'spark_class', op.kind)}")
+        return runner(self, op)
+
+    def output(self) -> pd.DataFrame:
+        frame = self.run(self.plan.root)
+        if self.lineage and self.subquery_lineage:
+            frame[LINEAGE] = [rows | self.subquery_lineage for rows in frame[LINEAGE]]
+        return frame
+
+
+_INTEGRAL = ("integer", "long", "short", "byte")
+
+
+def relation_frame(relation: Relation, table: pd.DataFrame) -> pd.DataFrame:
+    """A relation's rows keyed by its attributes' exprIds, NULLs as None: pandas reads a
+    nullable integer column as floats with NaN, which must compare as Spark's longs do."""
+    columns = {}
+    for a in relation.output:
+        values = table[a.name].to_numpy(dtype=object)
+        missing = pd.isna(values)
+        if missing.any() or a.dtype in _INTEGRAL:
+            values = np.array([None if m else (int(v) if a.dtype in _INTEGRAL else v)
+                               for v, m in zip(values, missing)], dtype=object)
+        columns[a.expr_id] = values
+    return pd.DataFrame(columns, index=range(len(table)))
+
+
+def _relation(r: Running, op: Relation) -> pd.DataFrame:
+    frame = relation_frame(op, r.tables(op))
+    if r.lineage:
+        frame[LINEAGE] = [frozenset({(op.id, i)}) for i in range(len(frame))]
+    return frame
+
+
+def _keep_lineage(r: Running, frame: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame:
+    if r.lineage:
+        out[LINEAGE] = frame[LINEAGE].to_numpy()
+    return out
+
+
+def _project(r: Running, op: Project) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    out = pd.DataFrame({a.expr_id: evaluate(e, frame, r.bind).to_numpy(dtype=object) for a, e in op.items},
+                       index=frame.index)
+    return _keep_lineage(r, frame, out)
+
+
+def _filter(r: Running, op: Filter) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    return frame[holds(op.condition, frame, r.bind)].reset_index(drop=True)
+
+
+def _sort(r: Running, op: Sort) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    if not len(frame):
+        return frame
+    keys, ascending = [], []
+    for i, order in enumerate(op.order):
+        direction, nulls_first = order.value
+        values = evaluate(order.args[0], frame, r.bind)
+        missing = values.isna().to_numpy(dtype=bool)
+        # NULLs placed by a key of their own, as each sort order says.
+        frame = frame.assign(**{f"__null{i}": missing != nulls_first,
+                                f"__sort{i}": values.map(_sortable).to_numpy()})
+        keys += [f"__null{i}", f"__sort{i}"]
+        ascending += [True, direction != "Descending"]
+    frame = frame.sort_values(keys, ascending=ascending, kind="stable")
+    return frame.drop(columns=keys).reset_index(drop=True)
+
+
+def _sortable(v):
+    return float(v) if isinstance(v, Decimal) else v
+
+
+def _limit(r: Running, op: Limit) -> pd.DataFrame:
+    return r.run(op.children[0]).head(op.n).reset_index(drop=True)
+
+
+def _union(r: Running, op: Union) -> pd.DataFrame:
+    parts = []
+    for child in op.children:
+        frame = r.run(child)
+        renamed = frame.rename(columns={c.expr_id: a.expr_id for a, c in zip(op.output, child.output)})
+        parts.append(renamed[[a.expr_id for a in op.output] + ([LINEAGE] if r.lineage else [])])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _deduplicate(r: Running, op: Deduplicate) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    keys = [tuple(_hashable(v) for v in row) for row in frame[op.keys].itertuples(index=False)]
+    first: dict = {}
+    lineage: dict = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+        if r.lineage:
+            lineage[key] = lineage.get(key, frozenset()) | frame[LINEAGE].iloc[i]
+    out = frame.iloc[sorted(first.values())].reset_index(drop=True)
+    if r.lineage:
+        out[LINEAGE] = [lineage[k] for k in sorted(first, key=first.get)]
+    return out
+
+
+def _hashable(v):
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return v
+
+
+def _aggregate(r: Running, op: Aggregate) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    group_values = [evaluate(g, frame, r.bind).to_numpy(dtype=object) for g in op.groups]
+    groups: dict[tuple, list[int]] = {}
+    for i in range(len(frame)):
+        groups.setdefault(tuple(_hashable(g[i]) for g in group_values), []).append(i)
+    if not op.groups and not groups:
+        groups[()] = []  # a global aggregate yields one row, even over no rows
+    rows = []
+    for key, members in groups.items():
+        part = frame.iloc[members]
+        row = {}
+        for attr, e in op.items:
+            row[attr.expr_id] = _aggregate_value(e, part, op.groups, key, r.bind)
+        if r.lineage:
+            row[LINEAGE] = frozenset().union(*part[LINEAGE]) if members else frozenset()
+        rows.append(row)
+    columns = [a.expr_id for a in op.output] + ([LINEAGE] if r.lineage else [])
+    return pd.DataFrame(rows, columns=columns, dtype=object)
+
+
+def _aggregate_value(e: Expr, part: pd.DataFrame, groups: list[Expr], key: tuple, bind: Binding):
+    """An aggregate output column's value for one group: aggregates over the group's rows,
+    grouping expressions by the group's key, anything else over those."""
+    if e in groups:
+        return key[groups.index(e)]
+    if e.op == "agg":
+        return _apply(e, part, bind)
+    if e.op == "col":
+        raise Unevaluable(f"{e} is neither grouped nor aggregated")
+    one = pd.DataFrame(index=[0])
+    values = {}
+    for i, arg in enumerate(e.args):
+        values[i] = _aggregate_value(arg, part, groups, key, bind)
+    folded = Expr(e.op, tuple(lit(values[i], a.dtype) for i, a in enumerate(e.args)), e.value, e.dtype)
+    return evaluate(folded, one, bind).iloc[0]
+
+
+def _apply(e: Expr, part: pd.DataFrame, bind: Binding):
+    fn, distinct = e.value
+    if fn == "count" and (not e.args or all(a.op == "lit" and a.value is not None for a in e.args)):
+        return len(part) if not distinct else len(part.drop_duplicates())
+    values = evaluate(e.args[0], part, bind).tolist() if e.args else []
+    values = [v for v in values if v is not None and not (isinstance(v, float) and np.isnan(v))]
+    if distinct:
+        values = list(dict.fromkeys(values))
+    if fn == "count":
+        return len(values)
+    if not values:
+        return None
+    if fn == "sum":
+        return sum(values[1:], values[0])
+    if fn == "avg":
+        total = sum(values[1:], values[0])
+        if isinstance(total, Decimal):
+            scale = max(-total.as_tuple().exponent, 0) + 4
+            return (total / len(values)).quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)
+        return total / len(values)
+    if fn == "min":
+        return min(values)
+    if fn == "max":
+        return max(values)
+    if fn in ("first", "last"):
+        return values[0] if fn == "first" else values[-1]
+    raise Unevaluable(f"aggregate {fn}")
+
+
+def _join(r: Running, op: Join) -> pd.DataFrame:
+    left, right = r.run(op.children[0]), r.run(op.children[1])
+    pairs = equi_pairs(op)
+    cond = op.condition
+    residual = [c for c in conjuncts(cond) if not any(c.op == "=" and {*c.args} == {a, b} for a, b in pairs)] \
+        if cond is not None else []
+    li, ri = _matches(left, right, pairs, residual, r.bind)
+    kind = op.join_type
+    if kind in ("leftsemi", "leftanti"):
+        matched = np.zeros(len(left), dtype=bool)
+        matched[li] = True
+        keep = matched if kind == "leftsemi" else ~matched
+        out = left[keep].reset_index(drop=True)
+        if r.lineage and kind == "leftsemi":
+            inner: dict[int, frozenset] = {}
+            for a, b in zip(li, ri):
+                inner[a] = inner.get(a, frozenset()) | right[LINEAGE].iloc[b]
+            out[LINEAGE] = [left[LINEAGE].iloc[i] | inner[i] for i in np.flatnonzero(keep)]
+        return out
+    lrows, rrows = list(li), list(ri)
+    if kind in ("leftouter", "fullouter"):
+        unmatched = sorted(set(range(len(left))) - set(li))
+        lrows += unmatched
+        rrows += [None] * len(unmatched)
+    if kind in ("rightouter", "fullouter"):
+        unmatched = sorted(set(range(len(right))) - set(ri))
+        lrows += [None] * len(unmatched)
+        rrows += unmatched
+    out = pd.DataFrame({**_take(left, lrows, op.children[0]), **_take(right, rrows, op.children[1])}, dtype=object)
+    if r.lineage:
+        out[LINEAGE] = [(left[LINEAGE].iloc[a] if a is not None else frozenset())
+                        | (right[LINEAGE].iloc[b] if b is not None else frozenset()) for a, b in zip(lrows, rrows)]
+    return out
+
+
+def _take(frame: pd.DataFrame, rows: list, child: Op) -> dict:
+    out = {}
+    for a in child.output:
+        values = frame[a.expr_id].to_numpy(dtype=object)
+        out[a.expr_id] = [values[i] if i is not None else None for i in rows]
+    return out
+
+
+def _matches(left: pd.DataFrame, right: pd.DataFrame, pairs, residual: list[Expr], bind: Binding):
+    """(left row, right row) position pairs the join condition holds for."""
+    if pairs:
+        lk = list(zip(*[evaluate(a, left, bind).map(value_key).tolist() for a, _ in pairs]))
+        rk = list(zip(*[evaluate(b, right, bind).map(value_key).tolist() for _, b in pairs]))
+        index: dict[tuple, list[int]] = {}
+        for j, key in enumerate(rk):
+            if None not in key:
+                index.setdefault(key, []).append(j)
+        li = [i for i, key in enumerate(lk) for _ in index.get(key, ())]
+        ri = [j for key in lk for j in index.get(key, ())]
+    else:
+        if len(left) * len(right) > CROSS_LIMIT:
+            raise Unevaluable(f"a join without equal keys pairs {len(left)} × {len(right)} rows")
+        li = [i for i in range(len(left)) for _ in range(len(right))]
+        ri = [j for _ in range(len(left)) for j in range(len(right))]
+    if not residual or not li:
+        return np.array(li, dtype=int), np.array(ri, dtype=int)
+    both = pd.concat([left.iloc[li].drop(columns=[LINEAGE], errors="ignore").reset_index(drop=True),
+                      right.iloc[ri].drop(columns=[LINEAGE], errors="ignore").reset_index(drop=True)], axis=1)
+    ok = np.ones(len(both), dtype=bool)
+    for c in residual:
+        ok &= holds(c, both, bind)
+    return np.array(li, dtype=int)[ok], np.array(ri, dtype=int)[ok]
+
+
+_RUNNERS = {Relation: _relation, Project: _project, Filter: _filter, Sort: _sort, Limit: _limit, Union: _union,
+            Deduplicate: _deduplicate, Aggregate: _aggregate, Join: _join}

@@ -1,0 +1,76 @@
+"""Expressions of logged plans: read from Spark's JSON, evaluated with SQL's NULL semantics."""
+
+from __future__ import annotations
+
+import datetime
+from decimal import Decimal
+
+import pandas as pd
+
+from headwater.query.infer.evaluate import Binding, evaluate, holds
+from headwater.query.infer.expr import TRUE, Expr, cmp, col, conj, conjuncts, in_set, lit, parse, show
+
+P = "org.apache.spark.sql.catalyst.expressions."
+
+
+def attr(name: str, eid: int, dtype: str) -> dict:
+    return {"class": P + "AttributeReference", "num-children": 0, "name": name, "dataType": dtype,
+            "exprId": {"id": eid}}
+
+
+def test_spark_json_becomes_a_tree_by_num_children():
+    flat = [
+        {"class": P + "And", "num-children": 2},
+        {"class": P + "IsNotNull", "num-children": 1}, attr("a", 1, "long"),
+        {"class": P + "GreaterThanOrEqual", "num-children": 2}, attr("d", 2, "date"),
+        {"class": P + "Literal", "num-children": 0, "value": "2019-01-04", "dataType": "date"},
+    ]
+    e = parse(flat)
+    assert e.op == "and" and e.args[0] == Expr("isnotnull", (col(1, "a", "long"),), dtype="boolean")
+    assert e.args[1].args[1] == lit(datetime.date(2019, 1, 4), "date")
+    assert show(e) == "(isnotnull(a#1) AND (d#2 >= 2019-01-04))"
+    # Spark's internal form of a date literal (days since the epoch) reads the same.
+    assert parse([{"class": P + "Literal", "num-children": 0, "value": "17900", "dataType": "date"}]).value \
+        == datetime.date(2019, 1, 4)
+
+
+def test_what_it_does_not_know_stays_opaque_and_an_empty_inset_too():
+    e = parse([{"class": P + "Murmur3Hash", "num-children": 1}, attr("a", 1, "long")])
+    assert e.op == "opaque" and e.value == "Murmur3Hash"
+    e = parse([{"class": P + "InSet", "num-children": 1, "hset": None}, attr("a", 1, "long")])
+    assert e.op == "opaque"  # Spark's JSON dropped the values: never guess them
+
+
+def test_kleene_logic_and_filters_keep_only_true():
+    frame = pd.DataFrame({1: [1, None, 3, None], 2: ["x", "y", None, None]})
+    a_gt_1 = cmp(">", col(1), lit(1, "long"))
+    b_is_x = cmp("=", col(2), lit("x", "string"))
+    assert holds(a_gt_1, frame).tolist() == [False, False, True, False]
+    # NOT(NULL) is NULL, so the NULL rows pass neither a predicate nor its negation.
+    assert holds(Expr("not", (a_gt_1,)), frame).tolist() == [True, False, False, False]
+    # FALSE AND NULL is FALSE; TRUE OR NULL is TRUE.
+    both = evaluate(Expr("and", (a_gt_1, b_is_x)), frame)
+    assert both[1] is not pd.NA and not both[1]  # (NULL > 1) AND ('y' = 'x')
+    assert both[2] is pd.NA  # (3 > 1) AND (NULL = 'x')
+    assert holds(Expr("or", (a_gt_1, b_is_x)), frame).tolist() == [True, False, True, False]
+    assert holds(cmp("<=>", col(2), lit(None)), frame).tolist() == [False, False, True, True]
+
+
+def test_values_compare_as_spark_compares_them():
+    frame = pd.DataFrame({1: [Decimal("1.50"), Decimal("2.00"), None], 2: ["apple", "banana", "cherry"]})
+    bind = Binding(params={"p": 2}, sets={"v": frozenset({2, 3})})
+    assert holds(cmp("=", col(1), Expr("param", value="p")), frame, bind).tolist() == [False, True, False]
+    assert holds(in_set(col(1), "v"), frame, bind).tolist() == [False, True, False]
+    cast = Expr("cast", (Expr("*", (col(1), lit(Decimal("0.333"), "decimal(4,3)"))),), dtype="decimal(10,2)")
+    assert evaluate(cast, frame).tolist()[:2] == [Decimal("0.50"), Decimal("0.67")]  # HALF_UP, as Spark rounds
+    sub = Expr("substring", (col(2), lit(2, "integer"), lit(3, "integer")), dtype="string")
+    assert evaluate(sub, frame).tolist() == ["ppl", "ana", "her"]
+    like = Expr("like", (col(2), lit("%an_n%", "string")), value="\\", dtype="boolean")
+    assert holds(like, frame).tolist() == [False, True, False]
+
+
+def test_conjunctions_flatten_and_absorb():
+    a = cmp("=", col(1), lit(1))
+    b = cmp("=", col(2), lit(2))
+    assert conjuncts(conj([a, conj([b, a]), TRUE])) == [a, b]
+    assert conj([]) == TRUE
