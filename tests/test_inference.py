@@ -55,6 +55,8 @@ QUERIES = [
     "select c, max(b) from r group by c order by 2 desc limit 2",
     "select a, c from r left anti join s on a = x where c = 'apple' union all select x, z from s where y > 90",
     "select substring(c, 1, 2) as p, count(*) from r where d >= date'2020-06-01' group by substring(c, 1, 2)",
+    # A two-column key: per-column value sets would pass (a, c) pairs that u never holds together.
+    "select g, count(*), sum(b) from r join u on a = m and c = n group by g",
 ]
 ROWS_PER_QUERY = 6
 
@@ -83,7 +85,12 @@ def tables(spark, tmp_path_factory):
         "k": pa.array([rng.randint(0, 12) for _ in range(20)], pa.int64()),
         "w": pa.array([rng.randint(0, 50) for _ in range(20)], pa.int64()),
     }), folder / "t.parquet")
-    for name in "rst":
+    pq.write_table(pa.table({
+        "m": pa.array([rng.randint(0, 9) for _ in range(12)], pa.int64()),
+        "n": [rng.choice(["apple", "banana", "cherry", "date"]) for _ in range(12)],
+        "g": pa.array([rng.randint(0, 2) for _ in range(12)], pa.int64()),
+    }), folder / "u.parquet")
+    for name in "rstu":
         spark.read.parquet(str(folder / f"{name}.parquet")).createOrReplaceTempView(name)
     cache: dict = {}
 

@@ -159,6 +159,12 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
             raise Unevaluable(f"no values bound for the set @{e.value}")
         a = _eval(e.args[0], frame, bind)
         return _map(lambda v: value_key(v) in values, a, frame, "boolean")
+    if op == "tuple":  # a composite key: NULL when any part is
+        parts = [_eval(x, frame, bind) for x in e.args]
+        ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
+        values = np.full(len(frame), None, dtype=object)
+        values[np.flatnonzero(ok)] = _objects(list(zip(*[p[ok].tolist() for p in parts])))
+        return _series(values, ok, frame)
     if op in _ARITH:
         a, b = (_eval(x, frame, bind) for x in e.args)
         return _elementwise(_arith(_ARITH[op]), a, b, frame)
@@ -218,6 +224,8 @@ def _case(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
 
 def value_key(v):
     """A value as set members and join keys compare: Spark compares 1 and 1.0 and Decimal('1.0') equal; so must sets."""
+    if isinstance(v, tuple):
+        return tuple(value_key(x) for x in v)
     if isinstance(v, (float, np.floating)) and not np.isfinite(v):
         return None if np.isnan(v) else float(v)
     if isinstance(v, (Decimal, float, np.floating)) and v == int(v):

@@ -23,7 +23,8 @@ from .expr import (
 )
 from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Plan, Project, Relation, Sort, Union
 
-SetFacts = dict[int, frozenset[str]]  # exprId → names of value sets it lies in
+Key = int | tuple[int, ...]  # an attribute's exprId, or several's for a composite join key
+SetFacts = dict[Key, frozenset[str]]  # attribute(s) → names of the value sets they lie in
 
 
 def set_var(relation: Relation, expr_id: int) -> str:
@@ -66,9 +67,14 @@ def push_down(plan: Plan, top: Expr, facts: dict[int, SetFacts] | None = None,
 
 
 def _facts_predicate(op: Op, facts: SetFacts) -> list[Expr]:
-    by_id = {a.expr_id: a for a in op.output}
-    return [in_set(col(eid, by_id[eid].name, by_id[eid].dtype), var)
-            for eid, names in sorted(facts.items()) if eid in by_id for var in sorted(names)]
+    by_id = {a.expr_id: col(a.expr_id, a.name, a.dtype) for a in op.output}
+    found = []
+    for key, names in sorted(facts.items(), key=lambda kv: str(kv[0])):
+        ids = key if isinstance(key, tuple) else (key,)
+        if all(i in by_id for i in ids):
+            target = Expr("tuple", tuple(by_id[i] for i in ids)) if isinstance(key, tuple) else by_id[key]
+            found += [in_set(target, var) for var in sorted(names)]
+    return found
 
 
 def through(op: Op, predicate: Expr) -> tuple[list[Expr], str | None]:
@@ -231,16 +237,44 @@ def push_up(plan: Plan) -> dict[int, SetFacts]:
     return facts
 
 
-def _merge(*maps: SetFacts) -> dict[int, set[str]]:
-    out: dict[int, set[str]] = {}
+def _merge(*maps: SetFacts) -> dict[Key, set[str]]:
+    out: dict[Key, set[str]] = {}
     for m in maps:
         for k, v in m.items():
             out.setdefault(k, set()).update(v)
     return out
 
 
-def _frozen(m: dict[int, set[str]]) -> SetFacts:
+def _frozen(m: dict[Key, set[str]]) -> SetFacts:
     return {k: frozenset(v) for k, v in m.items() if v}
+
+
+def _renamed(facts: SetFacts, mapping: dict[int, int]) -> SetFacts:
+    """Facts on the attributes ``mapping`` passes on unchanged (old exprId → new), under their new ids."""
+    out: dict[Key, set[str]] = {}
+    for key, names in facts.items():
+        ids = key if isinstance(key, tuple) else (key,)
+        if all(i in mapping for i in ids):
+            new = tuple(mapping[i] for i in ids)
+            out.setdefault(new if isinstance(key, tuple) else new[0], set()).update(names)
+    return _frozen(out)
+
+
+def parse_var(var: str) -> tuple[int, tuple[int, ...]]:
+    """(relation op id, attribute exprIds) of a value-set variable."""
+    relation, attrs = var[1:].split(".", 1)
+    return int(relation), tuple(int(a) for a in attrs.split("+"))
+
+
+def _composite(side: SetFacts, ids: tuple[int, ...]) -> set[str]:
+    """Tuple variables for key columns ``ids``: one per relation every key column lies in a
+    variable of. Per-column sets lose which values go together; a tuple set keeps it."""
+    found = set()
+    per_column = [{parse_var(v) for v in side.get(i, ())} for i in ids]
+    for relation in set.intersection(*({r for r, _ in vars_} for vars_ in per_column)):
+        attrs = [next(a[0] for r, a in vars_ if r == relation and len(a) == 1) for vars_ in per_column]
+        found.add(f"r{relation}." + "+".join(str(a) for a in attrs))
+    return found
 
 
 def _up(op: Op, below: list[SetFacts]) -> SetFacts:
@@ -249,20 +283,18 @@ def _up(op: Op, below: list[SetFacts]) -> SetFacts:
     if isinstance(op, (Filter, Sort, Limit, Deduplicate)):
         return below[0]
     if isinstance(op, Project):
-        out: dict[int, set[str]] = {}
-        for attr, e in op.items:
-            if e.op == "col" and e.value[0] in below[0]:
-                out[attr.expr_id] = set(below[0][e.value[0]])
-        return _frozen(out)
+        return _renamed(below[0], {e.value[0]: attr.expr_id for attr, e in op.items if e.op == "col"})
     if isinstance(op, Aggregate):
-        out = {}
-        for attr, e in op.items:
-            if e.op == "col" and e in op.groups and e.value[0] in below[0]:
-                out[attr.expr_id] = set(below[0][e.value[0]])
-        return _frozen(out)
+        return _renamed(below[0], {e.value[0]: attr.expr_id for attr, e in op.items
+                                   if e.op == "col" and e in op.groups})
     if isinstance(op, Join):
         left, right = below
         keys = [(a.value[0], b.value[0]) for a, b in equi_pairs(op) if a.op == "col" and b.op == "col"]
+        if len(keys) > 1:
+            lk, rk = tuple(a for a, _ in keys), tuple(b for _, b in keys)
+            left = {**left, lk: frozenset(left.get(lk, frozenset()) | _composite(left, lk))}
+            right = {**right, rk: frozenset(right.get(rk, frozenset()) | _composite(right, rk))}
+            keys.append((lk, rk))
         if op.join_type in ("inner", "cross"):
             out = _merge(left, right)
             for a, b in keys:
@@ -285,6 +317,6 @@ def _up(op: Op, below: list[SetFacts]) -> SetFacts:
                 out.setdefault(a, set()).update(right.get(b, ()))
             return _frozen(out)
         if op.join_type == "leftanti":
-            return dict(left)
+            return dict(below[0])
         return _frozen(_merge(left, right))
     return {}

@@ -31,7 +31,7 @@ import pandas as pd
 from .evaluate import Binding, Unevaluable, holds, value_key
 from .expr import TRUE, Expr, cmp, col, conj, conjuncts, param, set_vars
 from .operators import Join, Plan, Relation, Unknown
-from .pushdown import Pushed, push_down, push_up, set_var
+from .pushdown import Pushed, parse_var, push_down, push_up
 from .verify import key_facts, verify
 from .run import LINEAGE, Running, Tables, relation_frame
 
@@ -61,13 +61,13 @@ def row_selection(plan: Plan, values: list) -> tuple[Expr, dict[str, object]]:
     return conj(parts), bound
 
 
-def _runnable(predicate: Expr, frame: pd.DataFrame, bind: Binding, own: set[str]) -> tuple[Expr, list[Expr]]:
+def _runnable(predicate: Expr, frame: pd.DataFrame, bind: Binding, own: int) -> tuple[Expr, list[Expr]]:
     """The conjuncts of ``predicate`` that can run on ``frame`` (facts on the relation's own
     variables left out: its candidates satisfy them by construction), and those that cannot."""
     kept, dropped = [], []
     probe = frame.head(0)
     for c in conjuncts(predicate):
-        if set_vars(c) & own:
+        if any(parse_var(v)[0] == own for v in set_vars(c)):
             continue
         try:
             holds(c, probe, Binding(bind.params, {v: frozenset() for v in set_vars(c)}, bind.scalars))
@@ -113,9 +113,12 @@ def prepare(plan: Plan) -> Prepared:
     return Prepared(plan, first, again, reasons, unsound)
 
 
-def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepared: Prepared | None = None) \
-        -> Inferred:
-    """The lineage of the output row ``values`` (one value per root output column)."""
+def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepared: Prepared | None = None,
+          refine: bool = True) -> Inferred:
+    """The lineage of the output row ``values`` (one value per root output column).
+
+    Without ``refine`` and ``replay``: the phase-1 predicates alone (PredTrace's naive pushdown).
+    """
     started = time.monotonic()
     prepared = prepared or prepare(plan)
     _, bound = row_selection(plan, values)
@@ -127,7 +130,7 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
     candidates: dict[int, np.ndarray] = {}
     refined: dict[int, Expr] = {}
     for r in relations:
-        own = {set_var(r, a.expr_id) for a in r.output}
+        own = r.id
         if r.id in prepared.unsound:
             candidates[r.id], refined[r.id] = np.ones(len(frames[r.id]), dtype=bool), TRUE
             continue
@@ -138,16 +141,16 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
     wanted = set().union(*(set_vars(p) for p in refined.values())) if refined else set()
 
     def bind_values() -> None:
-        for r in relations:
-            for a in r.output:
-                var = set_var(r, a.expr_id)
-                if var in wanted:
-                    column = frames[r.id][a.expr_id].to_numpy(dtype=object)[candidates[r.id]]
-                    bind.sets[var] = frozenset(value_key(v) for v in column if v is not None)
+        for var in wanted:
+            relation, attrs = parse_var(var)
+            columns = [frames[relation][a].to_numpy(dtype=object)[candidates[relation]] for a in attrs]
+            values = columns[0] if len(attrs) == 1 else zip(*columns)
+            bind.sets[var] = frozenset(value_key(v) for v in values
+                                       if v is not None and not (isinstance(v, tuple) and None in v))
 
     bind_values()
     iterations = 0
-    changed = True
+    changed = refine
     while changed and iterations < MAX_ITERATIONS:
         iterations += 1
         changed = False
@@ -160,7 +163,7 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
                 changed = True
         bind_values()
     rows = {r.id: np.flatnonzero(candidates[r.id]) for r in relations}
-    exact = not reasons
+    exact = not reasons and refine
     replayed = False
     if replay and not exact:
         found = _replay(plan, values, tables, frames, rows, scalars)

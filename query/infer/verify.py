@@ -31,9 +31,9 @@ import z3
 
 from .expr import COMPARISONS, Expr, conjuncts
 from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Project, Relation, Sort, Union
-from .pushdown import equi_pairs
+from .pushdown import equi_pairs, parse_var
 
-ROWS = 2
+ROWS = 3
 TIMEOUT_MS = 5_000
 
 
@@ -88,10 +88,11 @@ class _Symbols:
             self.functions[key] = z3.Function(f"{name}!{len(self.functions)}", *[a.sort() for a in args], sort)
         return self.functions[key](*args)
 
-    def member(self, var: str, value: z3.ExprRef) -> z3.ExprRef:
+    def member(self, var: str, values: list[z3.ExprRef]) -> z3.ExprRef:
+        """Whether ``values`` (a key, one term per column) is in the value set ``var``."""
         if var not in self.sets:
-            self.sets[var] = z3.Function(f"@{var}", value.sort(), z3.BoolSort())
-        return self.sets[var](value)
+            self.sets[var] = z3.Function(f"@{var}", *[v.sort() for v in values], z3.BoolSort())
+        return self.sets[var](*values)
 
 
 Row = dict[int, z3.ExprRef]  # exprId → cell
@@ -117,6 +118,11 @@ def _coerce(a: z3.ExprRef, b: z3.ExprRef) -> tuple[z3.ExprRef, z3.ExprRef]:
     return a, b
 
 
+def key_terms(e: Expr, row: Row, sym: _Symbols) -> list[z3.ExprRef]:
+    """A key's terms: one per column of a composite key (``tuple``), else one."""
+    return [symbolic(a, row, sym) for a in e.args] if e.op == "tuple" else [symbolic(e, row, sym)]
+
+
 def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
     """``e`` over one symbolic row; ``want``: the sort to give a result the plan left untyped."""
     op = e.op
@@ -137,7 +143,7 @@ def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
     if op == "scalar_subquery":
         return sym.param(f"subquery{e.value}:{(sort if sort is not None else _sort(e.dtype))}", (sort if sort is not None else _sort(e.dtype)))
     if op == "in_set":
-        return sym.member(e.value, symbolic(e.args[0], row, sym))
+        return sym.member(e.value, key_terms(e.args[0], row, sym))
     if op in ("and", "or"):
         parts = [symbolic(a, row, sym) for a in e.args]
         return z3.And(*parts) if op == "and" else z3.Or(*parts)
@@ -308,15 +314,15 @@ def verify(op: Op, predicate: Expr, pushed: list[Expr], facts_of: dict[str, tupl
             for node in g.walk():
                 if node.op != "in_set":
                     continue
-                terms = [symbolic(node.args[0], row, sym) for row in tables.rows[c2]]
+                terms = [key_terms(node.args[0], row, sym) for row in tables.rows[c2]]
                 for j in range(ROWS):  # refinement's invariant: a value set holds the lineage's values
                     solver.add(z3.Implies(lineage[c2][j], sym.member(node.value, terms[j])))
                 if node.value in (facts_of or {}):  # and only the keys of the rows the other input selects
                     c, key = facts_of[node.value]
-                    keys = [symbolic(key, row, sym) for row in tables.rows[c]]
+                    keys = [key_terms(key, row, sym) for row in tables.rows[c]]
                     for term in terms:
-                        only.append(z3.Implies(sym.member(node.value, term),
-                                               z3.Or(*[z3.And(selected[c][j], keys[j] == term) for j in range(ROWS)])))
+                        only.append(z3.Implies(sym.member(node.value, term), z3.Or(*[
+                            z3.And(selected[c][j], *[k == t for k, t in zip(keys[j], term)]) for j in range(ROWS)])))
     except (Unsupported, z3.Z3Exception) as exc:
         return [Verdict(None, None, f"not verified: {exc}") for _ in op.children]
     # Soundness needs only that value sets hold the lineage's values; exactness also what
@@ -371,16 +377,16 @@ def key_facts(op: Join, pushed: list[Expr]) -> dict[str, tuple[int, Expr]]:
     """For value sets a join hands from one input to the other: the input whose selected rows'
     key values each holds (its relation is under that input), and that key."""
     found = {}
+    pairs = equi_pairs(op)
     for c2, g in enumerate(pushed):
         for part in conjuncts(g):
             if part.op != "in_set":
                 continue
-            relation, attr = (int(x) for x in part.value[1:].split("."))
+            relation, attrs = parse_var(part.value)
             for c, child in enumerate(op.children):
                 if c == c2 or relation not in {r.id for r in child.relations()}:
                     continue
-                for pair in equi_pairs(op):
-                    key = pair[c]
-                    if key.op == "col" and key.value[0] == attr:
-                        found[part.value] = (c, key)
+                keys = [next((p[c] for p in pairs if p[c].op == "col" and p[c].value[0] == a), None) for a in attrs]
+                if None not in keys:
+                    found[part.value] = (c, keys[0] if len(keys) == 1 else Expr("tuple", tuple(keys)))
     return found
