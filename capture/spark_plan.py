@@ -156,17 +156,17 @@ FALLBACK_CONF = {
 
 
 def optimized_records(df: DataFrame) -> list[dict]:
-    """``plan_records`` of ``df``'s optimized plan (subqueries rewritten into joins where
-    Spark can), optimized afresh under ``FALLBACK_CONF``; the session's settings are restored."""
+    """``plan_records`` of ``df``'s analyzed plan optimized afresh under ``FALLBACK_CONF``
+    (subqueries rewritten into joins where Spark can); the session's settings are restored."""
     conf = df.sparkSession.conf
     saved = {key: conf.get(key, None) for key in FALLBACK_CONF}
     try:
         for key, value in FALLBACK_CONF.items():
             conf.set(key, value)
-        jvm = Jvm(df.sparkSession)
-        fresh = jvm.jvm.org.apache.spark.sql.classic.Dataset.ofRows(
-            df.sparkSession._jsparkSession, df._jdf.queryExecution().logical())
-        return plan_records(fresh.queryExecution().optimizedPlan())
+        # The session's optimizer, not a QueryExecution: a streaming plan may not be planned
+        # as a batch, and Spark's micro-batches run these same rules over it.
+        optimizer = df.sparkSession._jsparkSession.sessionState().optimizer()
+        return plan_records(optimizer.execute(analyzed(df)))
     finally:
         for key, value in saved.items():
             if value is None:

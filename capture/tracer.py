@@ -41,7 +41,7 @@ from .lineage import BatchContext, SourceEdges
 from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
 from .sinks import SinkSpec, write_batch
-from .spark_plan import analyzed
+from .spark_plan import analyzed, optimized_records
 
 log = logging.getLogger("headwater.capture")
 
@@ -182,7 +182,8 @@ class Tracer:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
         fingerprint = plan_fingerprint(analyzed(df).toJSON())
-        return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid, fingerprint)
+        return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid, fingerprint,
+                      _optimized_plan(df, name))
 
     def close(self) -> None:
         """Stop listening and flush the log; call it after the traced queries have stopped.
@@ -218,6 +219,17 @@ class Tracer:
                 log.error("spill full: log record %s of %s lost", schema, fields.get("query"))
 
 
+def _optimized_plan(df: DataFrame, name: str) -> list | None:
+    """The user's plan, optimized, for the log-only fallback; None (logged) if Spark cannot
+    give it: the query is traced all the same, and its gaps are answered as whole batches."""
+    try:
+        return optimized_records(df)
+    except Exception:
+        log.warning("no optimized plan for %s: lineage of its uncaptured batches will be whole batches", name,
+                    exc_info=True)
+        return None
+
+
 @dataclass
 class Traced:
     tracer: Tracer
@@ -225,6 +237,7 @@ class Traced:
     name: str
     emit_rid: bool
     fingerprint: str  # of the user's plan, equal across runs of the same code
+    optimized: list | None = None  # the user's optimized plan records (``spark_plan.optimized_records``)
 
     @property
     def writeStream(self) -> "TracedWriter":
@@ -312,7 +325,7 @@ class TracedWriter:
             changed=previous is not None and previous != traced.fingerprint,
             sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)}
                      for s in traced.threaded.sources + traced.threaded.inputs],
-            output_columns=[a.name for a in ir.output], at=time.time(),
+            output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
         )
         return traced.tracer.start_query(writer, traced.name)
 

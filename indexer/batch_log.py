@@ -158,7 +158,7 @@ def _epoch_of(name: str) -> int:
     return int(found.group(1)) if found else int(_RUN.match(name).group(2))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -247,7 +247,7 @@ class _Writing:
             if self.fd is None:
                 self.path = self.root / f"seg-{self.epoch:06d}-{offset:012d}-{uuid.uuid4().hex[:12]}.log"
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
             try:
                 if os.write(self.fd, line) != len(line):
                     raise OSError(f"short write to {self.path}")
@@ -318,7 +318,7 @@ class _Writing:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return path
 
     def close(self) -> None:

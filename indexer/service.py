@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -40,6 +41,7 @@ from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadErro
 from . import metrics
 from .batch_log import BatchLogWriter
 from .graph import GraphWriter
+from .plans import PlanStore
 from .shard import Shard, shard_root
 
 GROUP = "headwater-indexer"
@@ -128,6 +130,7 @@ class Indexer:
         self.store_dir = config.store_path()
         self.shards: dict[int, Shard] = {}
         self.batch_log = BatchLogWriter(self.store_dir, config.log_topic)
+        self.plans = PlanStore(self.store_dir, config.log_topic)
         self._graph_thread = ThreadPoolExecutor(1, thread_name_prefix="headwater-graph")
         self._dlq = None
         self._fault_pause_s = float(os.environ.get(FAULT_PAUSE_ENV, "0"))
@@ -279,6 +282,10 @@ class Indexer:
                     datasets.setdefault(source["dataset"], {}).update(props)
             if datasets:
                 self.batch_log.append_datasets(partition, offset, datasets)
+            if record.get("optimized") and re.fullmatch(r"[0-9a-f]+", str(record.get("fingerprint"))):
+                self.plans.write(record["query"], int(record.get("from_batch") or 0), record["fingerprint"],
+                                 {"optimized": record["optimized"], "sink": record.get("sink"),
+                                  "sources": record.get("sources", []), "at": record.get("at")})
         elif record["schema"] in (LOG_BATCH, LOG_PROGRESS):
             fields = {k: v for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
             # Both halves of a batch's log entry land on one Batch node; nested values

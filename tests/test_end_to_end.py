@@ -22,9 +22,11 @@ from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 from headwater.demo.run import count_malformed, end_offsets, run_pipeline
+from headwater.indexer.plans import PlanStore
 from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
+from headwater.query.infer.operators import build
 
 from .conftest import own_topics, read_log
 from .oracle import as_input, demo_lineage
@@ -140,6 +142,13 @@ def test_batch_log_records_plan_and_every_batch(run):
     kafka, customers = plans[0]["sources"]
     assert kafka["columns_read"] == [["value"], ["value"], [], [], ["value"], ["value"]]
     assert customers["columns_read"] == [[], [], ["name"], ["region"], [], []]
+    # The user's optimized plan, for the log-only fallback: the same columns, Kafka joined to customers.
+    fallback = build(plans[0]["optimized"])
+    assert [a.name for a in fallback.root.output] == plans[0]["output_columns"]
+    assert {op.kind for op in fallback.operators()} >= {"Join", "Filter", "Relation"}
+    assert not [op for op in fallback.operators() if op.kind == "Unknown"]
+    kept = PlanStore(run.config.store_path(), run.config.log_topic).plan_for(plans[0]["query"], 10**9)
+    assert kept["optimized"] == plans[0]["optimized"] and kept["fingerprint"] == plans[0]["fingerprint"]
     ran = {p.batchId for p in run.query.recentProgress if p.numInputRows}
     assert {b["batch"] for b in batches} >= ran
     assert all(b["status"] == "full" and b["dropped_edges"] == b["spilled_edges"] == 0 for b in batches)

@@ -74,3 +74,15 @@ def test_conjunctions_flatten_and_absorb():
     b = cmp("=", col(2), lit(2))
     assert conjuncts(conj([a, conj([b, a]), TRUE])) == [a, b]
     assert conj([]) == TRUE
+
+
+def test_kafka_json_records_parse_as_spark_parses_them():
+    frame = pd.DataFrame({1: [b'{"order_id": 7, "amount": 20.675}', b"not json", None, b'{"order_id": "x"}']})
+    parsed = Expr("from_json", (Expr("cast", (col(1),), dtype="string"),),
+                  value=(("order_id", "long"), ("amount", "double")))
+    amount = Expr("round", (Expr("*", (Expr("field", (parsed,), value=1), lit(1.0, "double"))), lit(2, "integer")))
+    order = Expr("field", (parsed,), value=0)
+    assert evaluate(order, frame).tolist() == [7, None, None, None]  # malformed or mistyped: NULL fields
+    assert evaluate(amount, frame).tolist()[:2] == [20.68, None]  # half up on the decimal value, as Spark rounds
+    concat = Expr("concat", (lit("id-", "string"), Expr("cast", (order,), dtype="string")))
+    assert evaluate(concat, frame).tolist() == ["id-7", None, None, None]

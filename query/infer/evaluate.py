@@ -10,6 +10,7 @@ Decimals stay ``Decimal`` (exact, as Spark's are), dates ``datetime.date``.
 from __future__ import annotations
 
 import datetime
+import json
 import operator
 import re
 from dataclasses import dataclass, field
@@ -189,6 +190,19 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         values[np.flatnonzero(ok)] = _objects([_substring(str(x), int(p), int(n)) for x, p, n in
                                                zip(s[ok].tolist(), pos[ok].tolist(), length[ok].tolist())])
         return _series(values, ok, frame)
+    if op == "concat":
+        parts = [_eval(x, frame, bind) for x in e.args]
+        ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
+        values = np.full(len(frame), None, dtype=object)
+        values[np.flatnonzero(ok)] = _objects(["".join(map(_text, row)) for row in zip(*[p[ok].tolist() for p in parts])])
+        return _series(values, ok, frame)
+    if op == "from_json":
+        return _map(lambda text: _from_json(_text(text), e.value), _eval(e.args[0], frame, bind), frame)
+    if op == "field":
+        return _map(lambda struct: struct[e.value], _eval(e.args[0], frame, bind), frame)
+    if op == "round":
+        a, scale = (_eval(x, frame, bind) for x in e.args)
+        return _elementwise(_round, a, scale, frame)
     if op in ("year", "month", "day"):
         return _map(lambda d: getattr(d, op), _eval(e.args[0], frame, bind), frame)
     if op == "cast":
@@ -278,12 +292,56 @@ def _caster(dtype: str):
     if dtype in ("integer", "long", "short", "byte"):
         return lambda v: int(v) if not isinstance(v, str) else int(float(v))
     if dtype == "string":
-        return lambda v: v.isoformat() if isinstance(v, datetime.date) else str(v)
+        return _text
     if dtype == "date":
         return lambda v: v if isinstance(v, datetime.date) else datetime.date.fromisoformat(str(v)[:10])
     if dtype == "boolean":
         return bool
     raise Unevaluable(f"cannot cast to {dtype}")
+
+
+def _text(v) -> str:
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", errors="replace")
+    return v.isoformat() if isinstance(v, datetime.date) else str(v)
+
+
+def _from_json(text: str, fields: tuple) -> tuple:
+    """Spark's ``from_json`` in its default (permissive) mode: a malformed record gives NULL
+    fields; a field of the wrong type, NULL."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        return tuple(None for _ in fields)
+    out = []
+    for name, dtype in fields:
+        v = found.get(name)
+        try:
+            if v is None or dtype in ("", "string"):
+                out.append(v if v is None or dtype == "" else (v if isinstance(v, str) else json.dumps(v)))
+            elif dtype in ("integer", "long", "short", "byte"):
+                out.append(int(v) if isinstance(v, int) and not isinstance(v, bool) else None)
+            elif dtype in ("double", "float"):
+                out.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+            elif dtype == "boolean":
+                out.append(v if isinstance(v, bool) else None)
+            else:
+                out.append(_caster(dtype)(v))
+        except (TypeError, ValueError, Unevaluable):
+            out.append(None)
+    return tuple(out)
+
+
+def _round(x, scale):
+    """Spark's ``round``: half up, on the decimal value (so 2.675 rounds to 2.68)."""
+    quantum = Decimal(1).scaleb(-int(scale))
+    if isinstance(x, Decimal):
+        return x.quantize(quantum, rounding=ROUND_HALF_UP)
+    if isinstance(x, float):
+        return float(Decimal(repr(x)).quantize(quantum, rounding=ROUND_HALF_UP))
+    return int(Decimal(x).quantize(quantum, rounding=ROUND_HALF_UP))
 
 
 def _substring(s: str, pos: int, length: int) -> str:

@@ -160,7 +160,7 @@ def show(e: Expr) -> str:
         return f"cast({show(e.args[0])} as {e.dtype})"
     if e.op == "in":
         return f"({show(e.args[0])} IN ({', '.join(show(a) for a in e.args[1:])}))"
-    if e.op in ("like", "opaque", "scalar_subquery"):
+    if e.op in ("like", "opaque", "scalar_subquery", "field"):
         return f"{e.op}[{e.value}]({', '.join(show(a) for a in e.args)})"
     return f"{e.op}({', '.join(show(a) for a in e.args)})"
 
@@ -244,6 +244,15 @@ def _node(node: dict, children: list[Expr], subqueries: Subqueries | None) -> Ex
         # The optimizer's form of a long IN list (Spark renders its values only when asked to).
         items = tuple(lit(literal(v, children[0].dtype or "string"), children[0].dtype) for v in node.get("hset", []))
         return Expr("in", args + items, dtype="boolean")
+    if cls == "GetStructField":
+        return Expr("field", args, value=int(node.get("ordinal", 0)), dtype=dtype)
+    if cls == "JsonToStructs" and isinstance(node.get("schema"), dict) and node.get("schema", {}).get("type") == "struct":
+        fields = tuple((f["name"], f["type"] if isinstance(f["type"], str) else "") for f in node["schema"]["fields"])
+        return Expr("from_json", args, value=fields)
+    if cls == "Round":
+        return Expr("round", args, dtype=children[0].dtype)
+    if cls == "Concat":
+        return Expr("concat", args, dtype="string")
     if cls == "Like":
         escape = node.get("escapeChar", "\\")
         return Expr("like", args, value=str(escape) if escape else "\\", dtype="boolean")

@@ -175,12 +175,24 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
 
 def _replay(plan: Plan, values: list, tables: Tables, frames: dict, rows: dict[int, np.ndarray],
             scalars: dict) -> dict[int, np.ndarray] | None:
-    """The traced row's lineage in the plan run over the candidates alone, or None when the
-    plan cannot run here or the run does not reproduce the row."""
-    if any(isinstance(op, (Unknown,)) for op in plan.operators()) or _has_anti_join(plan):
+    """The traced row's lineage in the plan run over the candidates, or None when the plan
+    cannot run here or the run does not reproduce the row.
+
+    Every derivation of the row uses candidate rows only, and each operator decides on them
+    as over the whole input: an anti join's inner side (no lineage of its own) is read whole,
+    so it rejects what it rejects there; scalar subqueries keep their values over the whole
+    input. So the replay finds every derivation, and fewer spurious ones than the candidates
+    allow. An aggregate over candidates that hold more than the traced row's groups may give
+    other values: then the row is not reproduced and nothing is claimed.
+    """
+    if any(isinstance(op, Unknown) for op in plan.operators()):
         return None
+    whole = {r.id for op in plan.root.walk() if isinstance(op, Join) and op.join_type == "leftanti"
+             for r in op.children[1].relations()}
 
     def restricted(relation: Relation) -> pd.DataFrame:
+        if relation.id in whole:
+            return tables(relation)
         return tables(relation).iloc[rows[relation.id]].reset_index(drop=True)
 
     try:
@@ -196,13 +208,9 @@ def _replay(plan: Plan, values: list, tables: Tables, frames: dict, rows: dict[i
     found: dict[int, set[int]] = {r: set() for r in rows}
     for lineage in out[LINEAGE][match]:
         for relation_id, position in lineage:
-            found[relation_id].add(int(rows[relation_id][position]))
+            if relation_id not in whole:
+                found[relation_id].add(int(rows[relation_id][position]))
     for sub in plan.subqueries.values():  # a scalar subquery's value derives from all its candidates
         for r in sub.root.relations():
             found[r.id] = set(rows[r.id].tolist())
     return {r: np.array(sorted(v), dtype=int) for r, v in found.items()}
-
-
-def _has_anti_join(plan: Plan) -> bool:
-    return any(isinstance(op, Join) and op.join_type in ("leftanti", "fullouter") for op in plan.operators())
-

@@ -1,0 +1,65 @@
+"""Queries' optimized plans in the Parquet store, for the log-only fallback.
+
+Capture logs a query's optimized plan (``capture/spark_plan.optimized_records``) in its
+LOG_PLAN record, once per start and per plan change, with ``from_batch``: the first
+batch the plan made. The indexer keeps each here, durable before the record's offset is
+committed, one JSON file per plan:
+
+    <store_dir>/<log topic>/plans/<query, hex>/<from_batch, 12 digits>-<fingerprint>.json
+
+Files are written whole (temporary name, fsync, rename), so a reader sees a plan or no
+plan, and a record indexed twice writes the same file again. The plan a batch ran is the
+one with the greatest ``from_batch`` not after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+from .batch_log import fsync_dir
+
+_FILE = re.compile(r"^(\d{12})-([0-9a-f]+)\.json$")
+
+
+def _folder(store_dir: str | Path, log_topic: str, query: str) -> Path:
+    return Path(store_dir) / log_topic / "plans" / query.encode().hex()
+
+
+class PlanStore:
+    """The plans of one log topic's queries."""
+
+    def __init__(self, store_dir: str | Path, log_topic: str):
+        self.store_dir = Path(store_dir)
+        self.log_topic = log_topic
+
+    def write(self, query: str, from_batch: int, fingerprint: str, plan: dict) -> Path:
+        """Keep ``plan`` (the optimized records and what the query tier needs beside them)."""
+        if not re.fullmatch(r"[0-9a-f]+", fingerprint or ""):
+            raise ValueError(f"a plan fingerprint is hex digits, not {fingerprint!r}")
+        folder = _folder(self.store_dir, self.log_topic, query)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"{int(from_batch):012d}-{fingerprint}.json"
+        temporary = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        with open(temporary, "w") as out:
+            json.dump({"query": query, "from_batch": int(from_batch), "fingerprint": fingerprint, **plan}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, final)
+        fsync_dir(folder)
+        return final
+
+    def plan_for(self, query: str, batch: int) -> dict | None:
+        """The plan batch ``batch`` of ``query`` ran, or None if none is kept."""
+        folder = _folder(self.store_dir, self.log_topic, query)
+        if not folder.is_dir():
+            return None
+        found = sorted((int(m.group(1)), name) for name in os.listdir(folder) if (m := _FILE.match(name))
+                       and int(m.group(1)) <= batch)
+        if not found:
+            return None
+        with open(folder / found[-1][1]) as f:
+            return json.load(f)
