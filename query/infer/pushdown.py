@@ -167,12 +167,19 @@ def _transfer(parts: list[Expr], pairs: list[tuple[Expr, Expr]], to_right: bool)
     for c in parts:
         for left_key, right_key in pairs:
             source, target = (left_key, right_key) if to_right else (right_key, left_key)
-            if c.op in ("=", "<=>") and c.args[0] == source and not refs(c.args[1]):
-                moved.append(cmp("=", target, c.args[1]))
-            elif c.op in ("=", "<=>") and c.args[1] == source and not refs(c.args[0]):
-                moved.append(cmp("=", target, c.args[0]))
-            elif c.op == "in_set" and c.args[0] == source:
+            if c.op == "in_set" and c.args[0] == source:
                 moved.append(in_set(target, c.value))
+                continue
+            if c.op not in ("=", "<=>"):
+                continue
+            for side, value in (c.args, c.args[::-1]):
+                if refs(value):
+                    continue
+                if side == source:
+                    moved.append(cmp("=", target, value))
+                elif side.op == "col" and refs(source) == {side.value[0]}:
+                    # The key is computed from the column (a cast, say): the same of the value.
+                    moved.append(cmp("=", target, substitute(source, {side.value[0]: value})))
     return moved
 
 

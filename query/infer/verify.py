@@ -59,7 +59,8 @@ def _sort(dtype: str | None):
         return z3.BoolSort()
     if not dtype:  # an aggregate's or subquery's result the plan did not type: a value, nothing more known
         return UNTYPED
-    raise Unsupported(f"no symbolic sort for {dtype}")
+    # Binary, timestamps, structs…: values that are equal or not, and nothing more z3 needs.
+    return z3.DeclareSort(f"Opaque_{dtype}")
 
 
 UNTYPED = z3.DeclareSort("Untyped")
@@ -72,7 +73,7 @@ class _Symbols:
         self.count = itertools.count()
         self.params: dict[str, z3.ExprRef] = {}
         self.functions: dict[tuple, z3.FuncDeclRef] = {}
-        self.sets: dict[str, z3.FuncDeclRef] = {}
+        self.sets: dict[tuple, z3.FuncDeclRef] = {}
 
     def fresh(self, prefix: str, sort) -> z3.ExprRef:
         return z3.Const(f"{prefix}!{next(self.count)}", sort)
@@ -90,9 +91,10 @@ class _Symbols:
 
     def member(self, var: str, values: list[z3.ExprRef]) -> z3.ExprRef:
         """Whether ``values`` (a key, one term per column) is in the value set ``var``."""
-        if var not in self.sets:
-            self.sets[var] = z3.Function(f"@{var}", *[v.sort() for v in values], z3.BoolSort())
-        return self.sets[var](*values)
+        key = (var, *(str(v.sort()) for v in values))  # a set met with untyped and typed keys: one per typing
+        if key not in self.sets:
+            self.sets[key] = z3.Function(f"@{var}!{len(self.sets)}", *[v.sort() for v in values], z3.BoolSort())
+        return self.sets[key](*values)
 
 
 Row = dict[int, z3.ExprRef]  # exprId → cell
@@ -123,17 +125,31 @@ def key_terms(e: Expr, row: Row, sym: _Symbols) -> list[z3.ExprRef]:
     return [symbolic(a, row, sym) for a in e.args] if e.op == "tuple" else [symbolic(e, row, sym)]
 
 
+def _pair(left: Expr, right: Expr, row: Row, sym: _Symbols) -> tuple[z3.ExprRef, z3.ExprRef]:
+    """Two operands of one sort: an untyped side takes the other's sort; ints meet reals as reals."""
+    a, b = symbolic(left, row, sym), symbolic(right, row, sym)
+    if a.sort() == UNTYPED and b.sort() != UNTYPED:
+        a = symbolic(left, row, sym, b.sort())
+    elif b.sort() == UNTYPED and a.sort() != UNTYPED:
+        b = symbolic(right, row, sym, a.sort())
+    return _coerce(a, b)
+
+
 def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
-    """``e`` over one symbolic row; ``want``: the sort to give a result the plan left untyped."""
+    """``e`` over one symbolic row; ``want``: the sort to read a result the plan left untyped
+    as (one function per sort, so the same value read twice is the same term)."""
+    found = _symbolic(e, row, sym)
+    if want is not None and found.sort() == UNTYPED:
+        return sym.function("typed", [found], want)
+    return found
+
+
+def _symbolic(e: Expr, row: Row, sym: _Symbols) -> z3.ExprRef:
     op = e.op
-    sort = want if want is not None and not e.dtype else None
     if op == "col":
         if e.value[0] not in row:
             raise Unsupported(f"{e} is not in the row")
-        cell = row[e.value[0]]
-        if sort is not None and cell.sort() == UNTYPED:
-            return sym.function("typed", [cell], sort)
-        return cell
+        return row[e.value[0]]
     if op == "lit":
         if e.value is None:
             raise Unsupported("null literal")
@@ -141,7 +157,7 @@ def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
     if op == "param":
         return sym.param(e.value, _sort(e.dtype))
     if op == "scalar_subquery":
-        return sym.param(f"subquery{e.value}:{(sort if sort is not None else _sort(e.dtype))}", (sort if sort is not None else _sort(e.dtype)))
+        return sym.param(f"subquery{e.value}", _sort(e.dtype))
     if op == "in_set":
         return sym.member(e.value, key_terms(e.args[0], row, sym))
     if op in ("and", "or"):
@@ -150,22 +166,22 @@ def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
     if op == "not":
         return z3.Not(symbolic(e.args[0], row, sym))
     if op in COMPARISONS:
-        a, b = (symbolic(x, row, sym) for x in e.args)
-        if a.sort() == UNTYPED and b.sort() != UNTYPED:
-            a = symbolic(e.args[0], row, sym, b.sort())
-        elif b.sort() == UNTYPED and a.sort() != UNTYPED:
-            b = symbolic(e.args[1], row, sym, a.sort())
-        a, b = _coerce(a, b)
-        return {"=": a == b, "<=>": a == b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+        a, b = _pair(e.args[0], e.args[1], row, sym)
+        if op in ("=", "<=>"):
+            return a == b
+        if not z3.is_arith(a):  # strings, dates as text, opaque values: an order z3 knows nothing of
+            less = sym.function("less", [a, b], z3.BoolSort())
+            return {"<": less, "<=": z3.Or(less, a == b), ">": sym.function("less", [b, a], z3.BoolSort()),
+                    ">=": z3.Or(sym.function("less", [b, a], z3.BoolSort()), a == b)}[op]
+        return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
     if op in ("isnotnull",):
         return z3.BoolVal(True)
     if op == "isnull":
         return z3.BoolVal(False)
     if op == "in":
-        value = symbolic(e.args[0], row, sym)
-        return z3.Or(*[a == b for a, b in (_coerce(value, symbolic(x, row, sym)) for x in e.args[1:])])
+        return z3.Or(*[a == b for a, b in (_pair(e.args[0], x, row, sym) for x in e.args[1:])])
     if op in ("+", "-", "*"):
-        a, b = _coerce(*(symbolic(x, row, sym) for x in e.args))
+        a, b = _pair(e.args[0], e.args[1], row, sym)
         return {"+": a + b, "-": a - b, "*": a * b}[op]
     if op == "neg":
         return -symbolic(e.args[0], row, sym)
@@ -192,11 +208,10 @@ def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
         if inner.sort() == z3.IntSort() and target == z3.RealSort():
             return z3.ToReal(inner)
         return sym.function(f"cast_{e.dtype}", [inner], target)
-    if op in ("agg", "opaque", "aggfn", "alias") or op:
-        # Anything else is a deterministic function of its arguments, nothing more.
-        args = [symbolic(a, row, sym) for a in e.args]
-        return sym.function(f"{op}_{e.value}", args, (sort if sort is not None else _sort(e.dtype)))
-    raise Unsupported(op)
+    # Anything else (aggregates, opaque functions…) is a deterministic function of its
+    # arguments, nothing more.
+    args = [symbolic(a, row, sym) for a in e.args]
+    return sym.function(f"{op}_{e.value}", args, _sort(e.dtype))
 
 
 @dataclass
