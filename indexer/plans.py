@@ -63,3 +63,14 @@ class PlanStore:
             return None
         with open(folder / found[-1][1]) as f:
             return json.load(f)
+
+    def queries(self) -> list[str]:
+        """Every query with a plan kept."""
+        root = self.store_dir / self.log_topic / "plans"
+        if not root.is_dir():
+            return []
+        return sorted(bytes.fromhex(name).decode() for name in os.listdir(root) if re.fullmatch(r"[0-9a-f]+", name))
+
+    def latest(self, query: str) -> dict | None:
+        return self.plan_for(query, 10**18)
+

@@ -38,6 +38,7 @@ from headwater.core.config import Config
 
 from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
 from .cypher import CypherBackend
+from .fallback import Fallback
 from .parquet import CSProvBackend, RecursiveBackend
 from .payload import attach_payload
 from .walk import MAX_REACH
@@ -112,6 +113,7 @@ class LineageClient:
         self.timeout_s = timeout_s
         self._backends: dict[str, WalkingBackend] = {}
         self._making = threading.Lock()  # questions from several threads make each backend once
+        self._fallback: Fallback | None = None
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -183,11 +185,37 @@ class LineageClient:
         check_depth(depth)
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
-        backend = self._holding(rid)
+        try:
+            backend = self._holding(rid)
+        except UnknownRow:
+            inferred = self._inferred(rid, to, payload) if backward else None
+            if inferred is None:
+                raise
+            return inferred
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
                                        deadline, window.outside(backend))
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
         return self._answer(backend, rid, found, [(walked, records, backward)], payload)
+
+    def _inferred(self, rid: int, to: str, payload: bool) -> Answer | None:
+        """The answer for a sink row no store holds because its batch published no edges:
+        its sources inferred from the log (``fallback.py``); None if no sink holds ``rid``."""
+        with self._making:
+            if self._fallback is None:
+                self._fallback = Fallback(self.config)
+        located = self._fallback.locate(rid)
+        if located is None:
+            return None
+        query, batch, values = located
+        if to in ("state", "output"):
+            raise LineageError(f"rid {rid} is from batch {batch} of {query!r}, which published no edges: its lineage "
+                               f"is inferred, to sources only (to=source or a dataset), not to {to!r}")
+        status = (self._fallback.log.refresh().batch(query, batch) or {}).get("status")
+        found, _ = self._fallback.backward(query, batch, rid, values)
+        found = [x for x in found if to == "source" or x.dataset == to]
+        if payload:
+            found = self.with_payload(found)
+        return Answer(rid, ordered(found), [Gap(query, batch, status)], [])
 
     def _two_ways(self, rid, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
         check_depth(depth)

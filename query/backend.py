@@ -81,8 +81,9 @@ class Answer:
     ``gaps``: batches whose edges the walk crossed that the batch log does not record as
     fully captured. ``unexplained`` (backward): rows the walk reached that are not
     sources yet have no recorded inputs, so lineage stops there: the batch that made
-    them was not captured (or is not indexed yet). The log-only fallback (issue 7) fills
-    in both; until then the records are what the edges say.
+    them was not captured (or is not indexed yet). An output row of an uncaptured batch
+    gets its sources inferred (``fallback.py``): records ``via: inference``, its batch
+    still in ``gaps``.
     """
 
     of: int

@@ -14,7 +14,9 @@ or a plan not kept make the question fail with a clear error, never a guess.
 from __future__ import annotations
 
 import datetime
+import re
 import time
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.dataset as ds
@@ -29,6 +31,7 @@ from .infer.operators import Plan, Relation, build
 from .infer.refine import Inferred, Prepared, infer, prepare
 
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+_BATCH_FILE = re.compile(r"^part-hw-(\d+)-")
 FETCH_TIMEOUT_S = 60
 
 
@@ -51,6 +54,30 @@ class Fallback:
             plan = build(kept["optimized"])
             self._prepared[kept["fingerprint"]] = (plan, prepare(plan), kept)
         return self._prepared[kept["fingerprint"]]
+
+    def locate(self, rid: int) -> tuple[str, int, dict] | None:
+        """(query, batch, column values) of the sink row whose ``_hw_rid`` is ``rid``, or None.
+
+        Capture names a file sink's files after their batch (``part-hw-<batch>-…``); sinks of
+        other kinds (tables, foreachBatch) cannot be read back here yet. This reads every
+        file of every kept query's sink: a fallback's cost, paid only for rids no store holds.
+        """
+        import pyarrow.compute as pc
+
+        for query in self.plans.queries():
+            kept = self.plans.latest(query)
+            kind, _, path = (kept.get("sink") or "").partition(":")
+            if kind not in ("parquet", "orc", "json") or not path or not Path(path.removeprefix("file:")).exists():
+                continue
+            dataset = ds.dataset(path.removeprefix("file:"), format=kind)
+            if "_hw_rid" not in dataset.schema.names:
+                continue
+            for fragment in dataset.get_fragments():
+                found = fragment.to_table(filter=pc.field("_hw_rid") == rid)
+                batch = _BATCH_FILE.search(Path(fragment.path).name)
+                if found.num_rows and batch:
+                    return query, int(batch.group(1)), found.slice(0, 1).to_pylist()[0]
+        return None
 
     def backward(self, query: str, batch: int, of: int, values: dict) -> tuple[list[Lineage], Inferred]:
         """The sources output row ``of`` of batch ``batch`` derives from; ``values`` its columns by name."""
@@ -120,6 +147,11 @@ def _kafka(bootstrap: str, sources: list[dict]) -> pd.DataFrame:
         return pd.DataFrame(columns=KAFKA_COLUMNS)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     try:
+        gone = {tp: first for tp, first in consumer.beginning_offsets(list(ranges)).items() if first > ranges[tp][0]}
+        if gone:  # a seek there would silently skip to what is left: rows lost, not a superset
+            raise LineageError("the batch's Kafka records are no longer retained: " + ", ".join(
+                f"{tp.topic}:{tp.partition} starts at {first}, the batch read from {ranges[tp][0]}"
+                for tp, first in sorted(gone.items())))
         consumer.assign(list(ranges))
         for tp, (start, _) in ranges.items():
             consumer.seek(tp, start)

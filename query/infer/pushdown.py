@@ -3,8 +3,10 @@
 ``through(op, F)`` turns a predicate on an operator's output into one predicate per
 input: the most selective one this module can justify, allowing a superset (PredTrace
 Algorithm 3, line 4). Where a conjunct cannot be pushed (it reads both sides of a join,
-or an aggregate's result) it is dropped and the operator is recorded as inexact: the
-answer will be flagged a superset. Table 2's defaults are the rules here: a group's
+or an aggregate's result) it is dropped and the operator's doubt recorded (``inexact``):
+the answer is flagged a superset unless z3 proves the operator exact after all
+(``verify.py``; a dropped conjunct the traced row's values already imply costs nothing).
+Table 2's defaults are the rules here: a group's
 whole input, an anti join's inner side empty, a semi join's inner rows by the correlated
 value.
 

@@ -10,14 +10,15 @@
    current values, until no candidate set shrinks (a fixpoint: sets only shrink).
 
 Candidates always contain the exact lineage: every step only drops rows no derivation of
-the traced row can use. The answer is ``exact`` when no operator on the way lost precision
-(``Pushed.inexact``) and every conjunct that reached a relation could be evaluated there;
+the traced row can use (an input z3 cannot prove sound is read whole). The answer is
+``exact`` when z3 proved every operator's pushdown exact (``verify.py``; ``prepare`` does
+that once per plan) and every conjunct that reached a relation could be evaluated there;
 otherwise it is a ``superset`` and says why.
 
-Then, when the plan can be run here, it is replayed over the candidates alone, carrying
-lineage (``run.py``): where the replay reproduces the traced row, its lineage is still a
-superset of the exact one (every derivation of the row uses candidate rows only) and is
-often smaller. It is kept only then.
+A superset is then narrowed by replaying the plan over the candidates, carrying lineage
+(``run.py``, ``_replay``): where the replay reproduces the traced row, its lineage still
+contains the exact one and is often smaller. It is kept only then, and still called a
+superset.
 """
 
 from __future__ import annotations
