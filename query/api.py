@@ -188,7 +188,7 @@ class LineageClient:
         try:
             backend = self._holding(rid)
         except UnknownRow:
-            inferred = self._inferred(rid, to, payload) if backward else None
+            inferred = self._inferred(rid, to, payload, deadline) if backward else None
             if inferred is None:
                 raise
             return inferred
@@ -197,13 +197,13 @@ class LineageClient:
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
         return self._answer(backend, rid, found, [(walked, records, backward)], payload)
 
-    def _inferred(self, rid: int, to: str, payload: bool) -> Answer | None:
+    def _inferred(self, rid: int, to: str, payload: bool, deadline: float) -> Answer | None:
         """The answer for a sink row no store holds because its batch published no edges:
         its sources inferred from the log (``fallback.py``); None if no sink holds ``rid``."""
         with self._making:
             if self._fallback is None:
                 self._fallback = Fallback(self.config)
-        located = self._fallback.locate(rid)
+        located = self._fallback.locate(rid, deadline)
         if located is None:
             return None
         query, batch, values = located

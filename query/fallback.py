@@ -55,28 +55,38 @@ class Fallback:
             self._prepared[kept["fingerprint"]] = (plan, prepare(plan), kept)
         return self._prepared[kept["fingerprint"]]
 
-    def locate(self, rid: int) -> tuple[str, int, dict] | None:
+    def locate(self, rid: int, deadline: float | None = None) -> tuple[str, int, dict] | None:
         """(query, batch, column values) of the sink row whose ``_hw_rid`` is ``rid``, or None.
 
-        Capture names a file sink's files after their batch (``part-hw-<batch>-…``); sinks of
-        other kinds (tables, foreachBatch) cannot be read back here yet. This reads every
-        file of every kept query's sink: a fallback's cost, paid only for rids no store holds.
+        Capture names a file sink's files after their batch (``part-hw-<batch>-…``), so only
+        the files of batches the batch log says were not fully captured are read: a rid
+        of any other batch is in the stores or nowhere. Sinks of other kinds (tables,
+        foreachBatch) cannot be read back here yet. Past ``deadline`` (monotonic), the
+        search stops with an error: an unknown rid never costs an unbounded scan.
         """
         import pyarrow.compute as pc
 
+        log = self.log.refresh()
         for query in self.plans.queries():
             kept = self.plans.latest(query)
             kind, _, path = (kept.get("sink") or "").partition(":")
-            if kind not in ("parquet", "orc", "json") or not path or not Path(path.removeprefix("file:")).exists():
+            path = path.removeprefix("file:")
+            if kind not in ("parquet", "orc", "json") or not path or not Path(path).exists():
                 continue
-            dataset = ds.dataset(path.removeprefix("file:"), format=kind)
+            dataset = ds.dataset(path, format=kind)
             if "_hw_rid" not in dataset.schema.names:
                 continue
-            for fragment in dataset.get_fragments():
+            files = [(f, int(m.group(1))) for f in dataset.get_fragments()
+                     if (m := _BATCH_FILE.search(Path(f.path).name))]
+            statuses = log.statuses({(query, batch) for _, batch in files})
+            for fragment, batch in files:
+                if statuses.get((query, batch)) in (None, "full"):
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
+                    raise LineageError(f"rid {rid}: not found in time among the sink rows of uncaptured batches")
                 found = fragment.to_table(filter=pc.field("_hw_rid") == rid)
-                batch = _BATCH_FILE.search(Path(fragment.path).name)
-                if found.num_rows and batch:
-                    return query, int(batch.group(1)), found.slice(0, 1).to_pylist()[0]
+                if found.num_rows:
+                    return query, batch, found.slice(0, 1).to_pylist()[0]
         return None
 
     def backward(self, query: str, batch: int, of: int, values: dict) -> tuple[list[Lineage], Inferred]:
