@@ -59,7 +59,7 @@ class OverheadBudget:
         ratio = capture_s / max(rest_s, 1e-3)
         if plan.level == FULL:
             self._full_ratio = ratio
-        elif plan.level == SAMPLED:
+        elif plan.level == SAMPLED and ratio > 0:  # an empty sample costs nothing and says nothing
             self._full_ratio = ratio / plan.fraction
         if ratio > self.budget:
             self._step_down(plan)

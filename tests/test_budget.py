@@ -46,6 +46,15 @@ def test_fixed_cost_over_budget_ends_log_only():
     assert sampled and min(sampled) >= MIN_FRACTION
 
 
+def test_an_empty_sample_keeps_the_fraction_that_fits():
+    """A sampled batch that cost nothing (no rows in its sample) says nothing of full
+    capture's cost: the next sample stays small, not back at the default half."""
+    budget = OverheadBudget(0.15)
+    sampled = budget.observe(budget.plan(), 0.6, 1.0)
+    assert sampled.level == SAMPLED and abs(sampled.fraction - 0.2) < 1e-9
+    assert budget.observe(sampled, 0.0, 1.0).fraction == sampled.fraction
+
+
 def test_recovers_to_full_when_load_drops():
     budget = OverheadBudget(0.15)
     heavy = run(budget, cost(2.0, fixed=0.5), 20)
