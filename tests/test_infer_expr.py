@@ -6,8 +6,9 @@ import datetime
 from decimal import Decimal
 
 import pandas as pd
+import pytest
 
-from headwater.query.infer.evaluate import Binding, evaluate, holds
+from headwater.query.infer.evaluate import Binding, Unevaluable, evaluate, generated, holds
 from headwater.query.infer.expr import TRUE, Expr, cmp, col, conj, conjuncts, in_set, lit, parse, show
 
 P = "org.apache.spark.sql.catalyst.expressions."
@@ -86,3 +87,46 @@ def test_kafka_json_records_parse_as_spark_parses_them():
     assert evaluate(amount, frame).tolist()[:2] == [20.68, None]  # half up on the decimal value, as Spark rounds
     concat = Expr("concat", (lit("id-", "string"), Expr("cast", (order,), dtype="string")))
     assert evaluate(concat, frame).tolist() == ["id-7", None, None, None]
+
+
+def test_a_window_expression_keeps_its_function_partition_order_and_frame():
+    flat = [
+        {"class": P + "WindowExpression", "num-children": 2, "windowFunction": 0, "windowSpec": 1},
+        {"class": P + "aggregate.AggregateExpression", "num-children": 1, "isDistinct": False},
+        {"class": P + "aggregate.Sum", "num-children": 1}, attr("v", 2, "long"),
+        {"class": P + "WindowSpecDefinition", "num-children": 3, "partitionSpec": [0], "orderSpec": [1],
+         "frameSpecification": 2},
+        attr("k", 1, "long"),
+        {"class": P + "SortOrder", "num-children": 1, "direction": {"object": P + "Ascending$"},
+         "nullOrdering": {"object": P + "NullsFirst$"}}, attr("v", 2, "long"),
+        {"class": P + "SpecifiedWindowFrame", "num-children": 2, "frameType": {"object": P + "RangeFrame$"}},
+        {"class": P + "UnboundedPreceding$", "num-children": 0}, {"class": P + "CurrentRow$", "num-children": 0},
+    ]
+    fn, spec = parse(flat).args
+    assert fn.op == "agg" and fn.value == ("sum", False)
+    assert spec.value == (1, 1) and spec.args[0] == col(1, "k", "long") and spec.args[1].value == ("Ascending", True)
+    frame = spec.args[2]
+    assert (frame.value, [b.value for b in frame.args]) == ("range", ["unbounded_preceding", "current_row"])
+    lag = parse([{"class": P + "Lag", "num-children": 3, "ignoreNulls": True}, attr("v", 2, "long"),
+                 {"class": P + "Literal", "num-children": 0, "value": "1", "dataType": "integer"},
+                 {"class": P + "Literal", "num-children": 0, "value": None, "dataType": "long"}])
+    assert lag.op == "opaque"  # skipping NULLs is not modelled: never run as a plain lag
+
+
+def test_split_arrays_and_what_a_generator_yields():
+    frame = pd.DataFrame({1: ["a,b,,", None, ""], 2: pd.Series([1, None, 3], dtype=object)})
+    split = Expr("split", (col(1), lit(",", "string"), lit(-1, "integer")))
+    assert evaluate(split, frame).tolist() == [("a", "b", "", ""), None, ("",)]  # trailing empties kept, as Java's
+    assert evaluate(Expr("split", (col(1), lit("\\|", "string"), lit(2, "integer"))), frame).tolist()[0] == ("a,b,,",)
+    with pytest.raises(Unevaluable):  # a regex proper: Java's and Python's may differ, so never run
+        evaluate(Expr("split", (col(1), lit("[,;]", "string"), lit(-1, "integer"))), frame)
+    assert evaluate(Expr("array", (col(2), lit(7, "long"))), frame).tolist() == [(1, 7), (None, 7), (3, 7)]
+    at_one = Expr("yields", (split, lit(1, "integer"), lit("b", "string")),
+                  value=("posexplode", False, ("integer", "string")))
+    assert holds(at_one, frame).tolist() == [True, False, False]
+    # An outer generator yields one row of NULLs for a NULL or empty collection; NULLs match null-safe.
+    nothing = Expr("yields", (split, lit(None), lit(None)), value=("posexplode", True, ("integer", "string")))
+    assert holds(nothing, frame).tolist() == [False, True, False]
+    assert generated("inline", ((1, "a"), None), 2) == [(1, "a"), (None, None)]  # Spark's row for a NULL struct
+    with pytest.raises(Unevaluable):  # a generator not known here (stack, a UDTF…) is never run as an explode
+        generated("Stack", (1, 2), 1)

@@ -82,7 +82,7 @@ def _elementwise(fn, a: pd.Series, b: pd.Series, frame: pd.DataFrame, dtype=obje
     ok = ~(_isnull(a) | _isnull(b))
     values = np.full(len(frame), None, dtype=object)
     if ok.any():
-        values[np.flatnonzero(ok)] = _objects([fn(x, y) for x, y in zip(a[ok].tolist(), b[ok].tolist())])
+        values[np.flatnonzero(ok)] = objects([fn(x, y) for x, y in zip(a[ok].tolist(), b[ok].tolist())])
     return _series(values, ok, frame, dtype)
 
 
@@ -90,11 +90,11 @@ def _map(fn, a: pd.Series, frame: pd.DataFrame, dtype=object) -> pd.Series:
     ok = ~_isnull(a)
     values = np.full(len(frame), None, dtype=object)
     if ok.any():
-        values[np.flatnonzero(ok)] = _objects([fn(x) for x in a[ok].tolist()])
+        values[np.flatnonzero(ok)] = objects([fn(x) for x in a[ok].tolist()])
     return _series(values, ok, frame, dtype)
 
 
-def _objects(items: list) -> np.ndarray:
+def objects(items: list) -> np.ndarray:
     """A list as a 1-d object array, even when its items are sequences themselves."""
     out = np.empty(len(items), dtype=object)
     out[:] = items
@@ -164,7 +164,7 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         parts = [_eval(x, frame, bind) for x in e.args]
         ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
         values = np.full(len(frame), None, dtype=object)
-        values[np.flatnonzero(ok)] = _objects(list(zip(*[p[ok].tolist() for p in parts])))
+        values[np.flatnonzero(ok)] = objects(list(zip(*[p[ok].tolist() for p in parts])))
         return _series(values, ok, frame)
     if op in _ARITH:
         a, b = (_eval(x, frame, bind) for x in e.args)
@@ -187,15 +187,23 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         s, pos, length = (_eval(x, frame, bind) for x in e.args)
         ok = ~(_isnull(s) | _isnull(pos) | _isnull(length))
         values = np.full(len(frame), None, dtype=object)
-        values[np.flatnonzero(ok)] = _objects([_substring(str(x), int(p), int(n)) for x, p, n in
+        values[np.flatnonzero(ok)] = objects([_substring(str(x), int(p), int(n)) for x, p, n in
                                                zip(s[ok].tolist(), pos[ok].tolist(), length[ok].tolist())])
         return _series(values, ok, frame)
     if op == "concat":
         parts = [_eval(x, frame, bind) for x in e.args]
         ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
         values = np.full(len(frame), None, dtype=object)
-        values[np.flatnonzero(ok)] = _objects(["".join(map(_text, row)) for row in zip(*[p[ok].tolist() for p in parts])])
+        values[np.flatnonzero(ok)] = objects(["".join(map(_text, row)) for row in zip(*[p[ok].tolist() for p in parts])])
         return _series(values, ok, frame)
+    if op == "yields":
+        return _yields(e, frame, bind)
+    if op == "split":
+        return _map(_splitter(e.args[1], e.args[2]), _eval(e.args[0], frame, bind), frame)
+    if op in ("array", "struct"):  # arrays as tuples, so they hash; structs as tuples, as ``field`` reads them
+        parts = [_eval(x, frame, bind).astype(object) for x in e.args]
+        rows = zip(*[p.where(~p.isna(), None).tolist() for p in parts]) if parts else ([()] * len(frame))
+        return pd.Series(objects([tuple(row) for row in rows]), index=frame.index, dtype=object)
     if op == "from_json":
         return _map(lambda text: _from_json(_text(text), e.value), _eval(e.args[0], frame, bind), frame)
     if op == "field":
@@ -218,6 +226,71 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
             out = out.where(~missing, _eval(other, frame, bind).astype(object))
         return out
     raise Unevaluable(f"cannot evaluate {op}{'[' + str(e.value) + ']' if op == 'opaque' else ''}")
+
+
+def generated(kind: str, collection, width: int, outer: bool = False) -> list[tuple]:
+    """The rows generator ``kind`` (explode, posexplode, inline) yields for one value: an
+    array's elements (after their positions, for posexplode), a map's entries, an array of
+    structs' fields (NULLs for a NULL struct); with ``outer``, one row of NULLs where it
+    yields none."""
+    if kind not in ("explode", "posexplode", "inline"):
+        raise Unevaluable(f"generator {kind}")
+    if collection is None:
+        items = []
+    elif isinstance(collection, dict):
+        items = list(collection.items())
+    elif isinstance(collection, (list, tuple, np.ndarray)):
+        items = [_scalar(v) for v in collection]
+    else:
+        raise Unevaluable(f"{kind} of {type(collection).__name__}")
+    if kind == "inline":
+        if any(v is not None and not isinstance(v, (tuple, dict)) for v in items):
+            raise Unevaluable("inline of something other than structs")
+        rows = [(None,) * width if v is None else tuple(v.values()) if isinstance(v, dict) else v for v in items]
+    else:
+        rows = [v if isinstance(collection, dict) else (v,) for v in items]
+        if kind == "posexplode":
+            rows = [(i, *v) for i, v in enumerate(rows)]
+    if not rows and outer:
+        rows = [(None,) * width]
+    if any(len(row) != width for row in rows):
+        raise Unevaluable(f"{kind} yields rows of another width than its {width} columns")
+    return rows
+
+
+def _scalar(v):
+    """``v`` with pandas' and numpy's missing values as None."""
+    return None if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
+
+
+def _yields(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
+    """Whether each row's collection yields a row null-safe equal to the values wanted."""
+    kind, outer, _ = e.value
+    collections = _eval(e.args[0], frame, bind).tolist()
+    wanted = [_eval(v, frame, bind).tolist() for v in e.args[1:]]
+    found = []
+    for i, collection in enumerate(collections):
+        key = tuple(value_key(_scalar(w[i])) for w in wanted)
+        found.append(any(tuple(value_key(_scalar(v)) for v in row) == key
+                         for row in generated(kind, _scalar(collection), len(wanted), outer)))
+    return pd.Series(found, index=frame.index, dtype="boolean")
+
+
+_REGEX_SYNTAX = re.compile(r"[.^$*+?{}\[\]|()]")
+
+
+def _splitter(pattern: Expr, limit: Expr):
+    """Spark's ``split(s, regex, limit)`` for a regex that only spells a literal separator
+    (escapes of punctuation allowed): there Java's and Python's regexes cannot differ."""
+    if pattern.op != "lit" or limit.op != "lit" or not isinstance(pattern.value, str) \
+            or limit.value is None or not pattern.value:
+        raise Unevaluable(f"split by {pattern} limited to {limit}")
+    unescaped = re.sub(r"\\([^0-9A-Za-z])", "", pattern.value)
+    if "\\" in unescaped or _REGEX_SYNTAX.search(unescaped):
+        raise Unevaluable(f"split by the regex {pattern.value!r}")
+    separator = re.sub(r"\\([^0-9A-Za-z])", r"\1", pattern.value)
+    most = int(limit.value) - 1 if int(limit.value) > 0 else -1
+    return lambda text: tuple(_text(text).split(separator, most))
 
 
 def _case(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:

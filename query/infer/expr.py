@@ -37,6 +37,11 @@ _SIMPLE = {
     "KnownFloatingPointNormalized": "same", "NormalizeNaNAndZero": "same", "KnownNotNull": "same",
     "PromotePrecision": "same",
 }
+# Window functions that are neither aggregates nor kept opaque.
+_WINDOW_FUNCTIONS = {"RowNumber": "row_number", "Rank": "rank", "DenseRank": "dense_rank", "Lag": "lag", "Lead": "lead"}
+_FRAME_BOUNDS = {"UnboundedPreceding$": "unbounded_preceding", "UnboundedFollowing$": "unbounded_following",
+                 "CurrentRow$": "current_row"}
+_GENERATORS = {"Explode": "explode", "PosExplode": "posexplode", "Inline": "inline"}
 _AGGREGATES = {"Sum": "sum", "Count": "count", "Average": "avg", "Min": "min", "Max": "max", "First": "first",
                "Last": "last", "CountIf": "count_if"}
 COMPARISONS = ("=", "<=>", "<", "<=", ">", ">=")
@@ -96,18 +101,26 @@ def cmp(op: str, left: Expr, right: Expr) -> Expr:
 
 def conj(parts: Iterable[Expr]) -> Expr:
     """The conjunction of ``parts``, flattened, without duplicates or ``true``; ``false`` absorbs."""
+    return _connect("and", [c for part in parts for c in conjuncts(part)], absorbing=FALSE, neutral=TRUE)
+
+
+def disj(parts: Iterable[Expr]) -> Expr:
+    """The disjunction of ``parts``, without duplicates or ``false``; ``true`` absorbs."""
+    return _connect("or", list(parts), absorbing=TRUE, neutral=FALSE)
+
+
+def _connect(op: str, parts: list[Expr], absorbing: Expr, neutral: Expr) -> Expr:
+    if absorbing in parts:
+        return absorbing
     found: list[Expr] = []
     for part in parts:
-        for c in conjuncts(part):
-            if c == FALSE:
-                return FALSE
-            if c != TRUE and c not in found:
-                found.append(c)
+        if part != neutral and part not in found:
+            found.append(part)
     if not found:
-        return TRUE
+        return neutral
     result = found[0]
-    for c in found[1:]:
-        result = Expr("and", (result, c), dtype="boolean")
+    for part in found[1:]:
+        result = Expr(op, (result, part), dtype="boolean")
     return result
 
 
@@ -160,7 +173,7 @@ def show(e: Expr) -> str:
         return f"cast({show(e.args[0])} as {e.dtype})"
     if e.op == "in":
         return f"({show(e.args[0])} IN ({', '.join(show(a) for a in e.args[1:])}))"
-    if e.op in ("like", "opaque", "scalar_subquery", "field"):
+    if e.op in ("like", "opaque", "scalar_subquery", "field", "winfn", "frame", "bound", "generator"):
         return f"{e.op}[{e.value}]({', '.join(show(a) for a in e.args)})"
     return f"{e.op}({', '.join(show(a) for a in e.args)})"
 
@@ -263,6 +276,8 @@ def _node(node: dict, children: list[Expr], subqueries: Subqueries | None) -> Ex
         return Expr("case", args, dtype=children[1].dtype if len(children) > 1 else None)
     if cls == "aggregate.AggregateExpression":
         inner = children[0]
+        if len(children) > 1:  # FILTER (WHERE …): not modelled, so never computed without its filter
+            return Expr("opaque", args, value="AggregateExpression with FILTER", dtype=inner.dtype)
         return Expr("agg", inner.args, value=(inner.value, bool(node.get("isDistinct"))), dtype=inner.dtype)
     if cls.startswith("aggregate.") and cls[len("aggregate."):] in _AGGREGATES:
         fn = _AGGREGATES[cls[len("aggregate."):]]
@@ -271,6 +286,26 @@ def _node(node: dict, children: list[Expr], subqueries: Subqueries | None) -> Ex
         sid = expr_id(node)
         subqueries.plans[sid] = node.get("plan", [])
         return Expr("scalar_subquery", value=sid, dtype=dtype)
+    if cls == "StringSplit":
+        return Expr("split", args)
+    if cls == "CreateArray":
+        return Expr("array", args)
+    if cls == "CreateNamedStruct":  # children are name, value, name, value…
+        return Expr("struct", args[1::2], value=tuple(str(n.value) for n in args[::2]))
+    if cls in _GENERATORS:
+        return Expr("generator", args, value=_GENERATORS[cls])
+    if cls == "WindowExpression":
+        return Expr("window", args, dtype=children[0].dtype)
+    if cls == "WindowSpecDefinition":  # children: partition expressions, sort orders, the frame
+        return Expr("window_spec", args, value=(len(node.get("partitionSpec", [])), len(node.get("orderSpec", []))))
+    if cls == "SpecifiedWindowFrame":
+        kind = node.get("frameType", {}).get("object", "").rstrip("$").rsplit(".", 1)[-1]
+        return Expr("frame", args, value={"RowFrame": "rows", "RangeFrame": "range"}.get(kind, kind))
+    if cls in _FRAME_BOUNDS:
+        return Expr("bound", value=_FRAME_BOUNDS[cls])
+    if cls in _WINDOW_FUNCTIONS and not node.get("ignoreNulls"):
+        fn = _WINDOW_FUNCTIONS[cls]
+        return Expr("winfn", args, value=fn, dtype=children[0].dtype if fn in ("lag", "lead") else "integer")
     if cls == "SortOrder":
         direction, nulls = (node.get(k, {}).get("object", "").rstrip("$").rsplit(".", 1)[-1]
                             for k in ("direction", "nullOrdering"))

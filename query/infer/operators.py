@@ -92,6 +92,45 @@ class Deduplicate(Op):
 
 
 @dataclass
+class Window(Op):
+    """Its input's rows, each with window functions over its partition. One partition and
+    order for all of them (Spark makes one Window per specification); frames may differ."""
+
+    partition: list[Expr] = field(default_factory=list)
+    order: list[Expr] = field(default_factory=list)
+    items: list[tuple[Attr, Expr]] = field(default_factory=list)  # (attribute, ``window``(function, spec))
+
+
+@dataclass
+class WindowGroupLimit(Op):
+    """The rows of each partition whose rank-like ``function`` is at most ``limit``: what the
+    optimizer puts under a Window whose rank a filter above bounds."""
+
+    partition: list[Expr] = field(default_factory=list)
+    order: list[Expr] = field(default_factory=list)
+    function: Expr | None = None
+    limit: int = 0
+
+
+@dataclass
+class Generate(Op):
+    """Each input row joined with the rows its ``generator`` (explode, posexplode, inline)
+    yields; an ``outer`` one keeps a row that yields none, with NULLs."""
+
+    generator: Expr | None = None
+    outer: bool = False
+    generated: list[Attr] = field(default_factory=list)
+
+
+@dataclass
+class Expand(Op):
+    """One output row per input row and projection (ROLLUP, CUBE, GROUPING SETS, several
+    distinct aggregates): ``projections[p][i]`` computes output column ``i``."""
+
+    projections: list[list[Expr]] = field(default_factory=list)
+
+
+@dataclass
 class Unknown(Op):
     spark_class: str = ""
 
@@ -212,4 +251,34 @@ def _operator(node_id: int, cls: str, fields: dict, children: list[Op], subqueri
     if cls in ("Deduplicate", "Distinct"):
         keys = [_attr(k).expr_id for k in fields.get("keys", [])] or [a.expr_id for a in first]
         return Deduplicate(node_id, "Deduplicate", list(first), children, keys=keys)
+    if cls == "Window":
+        return _window(node_id, fields, children, subqueries)
+    if cls == "WindowGroupLimit":
+        return WindowGroupLimit(node_id, "WindowGroupLimit", list(first), children,
+                                partition=[parse(p, subqueries) for p in fields.get("partitionSpec", [])],
+                                order=[parse(o, subqueries) for o in fields.get("orderSpec", [])],
+                                function=parse(fields["rankLikeFunction"], subqueries), limit=int(fields["limit"]))
+    if cls == "Generate":
+        generated = [_attr(a) for a in fields.get("generatorOutput", [])]
+        unrequired = set(fields.get("unrequiredChildIndex") or ())
+        kept = [a for i, a in enumerate(first) if i not in unrequired]
+        return Generate(node_id, "Generate", kept + generated, children,
+                        generator=parse(fields["generator"], subqueries), outer=bool(fields.get("outer")),
+                        generated=generated)
+    if cls == "Expand":
+        projections = [[parse(e, subqueries) for e in p] for p in fields.get("projections", [])]
+        return Expand(node_id, "Expand", [_attr(a) for a in fields.get("output", [])], children,
+                      projections=projections)
     return Unknown(node_id, "Unknown", list(first), children, spark_class=cls)
+
+
+def _window(node_id: int, fields: dict, children: list[Op], subqueries: Subqueries) -> Op:
+    """A Window, or an ``Unknown`` when an item is not one aliased window function."""
+    first = children[0].output
+    items = [_named(e, subqueries) for e in fields.get("windowExpressions", [])]
+    output = list(first) + [a for a, _ in items]
+    if any(e.op != "window" for _, e in items):
+        return Unknown(node_id, "Unknown", output, children, spark_class="Window")
+    return Window(node_id, "Window", output, children,
+                  partition=[parse(p, subqueries) for p in fields.get("partitionSpec", [])],
+                  order=[parse(o, subqueries) for o in fields.get("orderSpec", [])], items=items)

@@ -21,9 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .expr import (
-    FALSE, TRUE, Expr, cmp, col, conj, conjuncts, evaluable, in_set, refs, substitute,
+    COMPARISONS, FALSE, TRUE, Expr, cmp, col, conj, conjuncts, disj, evaluable, in_set, refs, substitute,
 )
-from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Plan, Project, Relation, Sort, Union
+from .operators import (
+    Aggregate, Deduplicate, Expand, Filter, Generate, Join, Limit, Op, Plan, Project, Relation, Sort, Union, Window,
+    WindowGroupLimit,
+)
 
 Key = int | tuple[int, ...]  # an attribute's exprId, or several's for a composite join key
 SetFacts = dict[Key, frozenset[str]]  # attribute(s) → names of the value sets they lie in
@@ -40,17 +43,25 @@ class Pushed:
     at: dict[int, Expr] = field(default_factory=dict)
     sent: dict[int, list[Expr]] = field(default_factory=dict)  # op id → what it pushed to each input
     inexact: dict[int, str] = field(default_factory=dict)  # op id → why its pushdown is only a superset
+    selects: dict[int, Expr] = field(default_factory=dict)  # saved op id → what selects among its saved rows
 
 
 def push_down(plan: Plan, top: Expr, facts: dict[int, SetFacts] | None = None,
-              subquery_top: Expr = TRUE) -> Pushed:
+              subquery_top: Expr = TRUE, saved: dict[int, Expr] | None = None) -> Pushed:
     """``top`` pushed from the root to every relation; with ``facts`` (phase 3), each
-    operator's output predicate also asserts its row-value facts."""
+    operator's output predicate also asserts its row-value facts.
+
+    ``saved`` (precise mode) maps operators whose output is saved to the row-selection
+    predicate over it: what arrives there selects among the saved rows (``selects``), and
+    the row selection is pushed on instead."""
     pushed = Pushed()
 
     def visit(op: Op, predicate: Expr) -> None:
         if facts is not None:
             predicate = conj([predicate, *_facts_predicate(op, facts.get(op.id, {}))])
+        if saved and op.id in saved:
+            pushed.selects[op.id] = predicate
+            predicate = saved[op.id]
         pushed.at[op.id] = predicate
         parts, why = through(op, predicate)
         pushed.sent[op.id] = parts
@@ -61,8 +72,9 @@ def push_down(plan: Plan, top: Expr, facts: dict[int, SetFacts] | None = None,
 
     visit(plan.root, top)
     for sub in plan.subqueries.values():
-        inner = push_down(sub, subquery_top, facts)
+        inner = push_down(sub, subquery_top, facts, saved=saved)
         pushed.at.update(inner.at)
+        pushed.selects.update(inner.selects)
         pushed.sent.update(inner.sent)
         pushed.inexact.update(inner.inexact)
     return pushed
@@ -101,6 +113,12 @@ def through(op: Op, predicate: Expr) -> tuple[list[Expr], str | None]:
             mapping = {a.expr_id: col(c.expr_id, c.name, c.dtype) for a, c in zip(op.output, child.output)}
             parts.append(substitute(predicate, mapping))
         return parts, None
+    if isinstance(op, (Window, WindowGroupLimit)):
+        return _through_window(op, predicate)
+    if isinstance(op, Generate):
+        return _through_generate(op, predicate)
+    if isinstance(op, Expand):
+        return _through_expand(op, predicate)
     return [TRUE] * len(op.children), f"{getattr(op, 'spark_class', op.kind)} is not modelled: its whole input"
 
 
@@ -129,6 +147,77 @@ def _through_aggregate(op: Aggregate, predicate: Expr) -> tuple[list[Expr], str 
 def _pins(c: Expr, e: Expr) -> bool:
     """Whether conjunct ``c`` fixes ``e`` to one value (``e = constant``)."""
     return c.op in ("=", "<=>") and any(a == e and not refs(b) for a, b in (c.args, c.args[::-1]))
+
+
+def _through_window(op: Window | WindowGroupLimit, predicate: Expr) -> tuple[list[Expr], str | None]:
+    """Table 2's WindowOp, taken at its widest: a row's window values (and, under a group
+    limit, whether it is kept at all) read its whole partition, so an output row's lineage
+    is its partition; the whole input without a partition spec. Only conjuncts on the
+    partition keys go down: one on a column that varies within a partition, or on a window
+    value, would drop rows of the partition."""
+    kept, dropped = [], []
+    for c in conjuncts(predicate):
+        (kept if _reads_only(c, op.partition) else dropped).append(c)
+    # Like a group's: what is dropped costs precision only when more than one partition can
+    # pass what is kept.
+    pinned = all(any(_pins(c, p) for c in kept) for p in op.partition)
+    why = f"conjuncts within a window partition not pushed: {dropped}" if dropped and not pinned else None
+    return [conj(kept)], why
+
+
+def _reads_only(e: Expr, keys: list[Expr]) -> bool:
+    """Whether ``e`` reads columns only through ``keys`` (so is one value per partition)."""
+    if e in keys:
+        return True
+    return e.op != "col" and all(_reads_only(a, keys) for a in e.args)
+
+
+def _through_generate(op: Generate, predicate: Expr) -> tuple[list[Expr], str | None]:
+    """Table 2's RowExpand: an output row's lineage is the input row it was generated from.
+    Conjuncts on the input's columns go down. When a known generator's every generated
+    column is pinned (``e <=> X``, X reading no generated column), the input rows are those
+    whose collection yields the values X: that test goes down (``yields``), and the
+    conjuncts on generated columns with X in their place. Otherwise those cannot go down."""
+    generated = {a.expr_id for a in op.generated}
+    parts = conjuncts(predicate)
+    pins: dict[int, Expr] = {}
+    for c in parts:
+        for side, value in (c.args, c.args[::-1]) if c.op == "<=>" else ():
+            if side.op == "col" and side.value[0] in generated and not refs(value) & generated:
+                pins.setdefault(side.value[0], value)
+    if op.generator.op == "generator" and len(pins) == len(generated):
+        yields = Expr("yields", (op.generator.args[0], *(pins[a.expr_id] for a in op.generated)),
+                      value=(op.generator.value, op.outer, tuple(a.dtype for a in op.generated)), dtype="boolean")
+        rest = [substitute(c, pins) for c in parts]
+        return [conj([yields, *(c for c in rest if not (c.op == "<=>" and c.args[0] == c.args[1]))])], None
+    dropped = [c for c in parts if refs(c) & generated]
+    why = f"conjuncts on generated columns not pushed: {dropped}" if dropped else None
+    return [conj(c for c in parts if not refs(c) & generated)], why
+
+
+def _through_expand(op: Expand, predicate: Expr) -> tuple[list[Expr], str | None]:
+    """Table 2's RowExpand: an input row is lineage when any of its projections is selected,
+    so the predicate goes down as the disjunction, over projections, of it substituted.
+    Each conjunct's own disjunction is implied, and added: a join below can split those by
+    side where it cannot split the whole."""
+    parts = conjuncts(predicate)
+    per = [[_projected(c, {a.expr_id: e for a, e in zip(op.output, p)}) for c in parts] for p in op.projections]
+    whole = disj(conj(cs) for cs in per)
+    return [conj([whole, *(disj(cs[i] for cs in per) for i in range(len(parts)))])], None
+
+
+def _projected(c: Expr, mapping: dict[int, Expr]) -> Expr:
+    """Conjunct ``c`` over one projection, its direct tests of a NULL the projection puts
+    in folded (what reasons about the result, z3 and a join's split, cannot read a NULL)."""
+    e = substitute(c, mapping)
+    null = [a.op == "lit" and a.value is None for a in e.args]
+    if e.op == "<=>" and any(null):
+        return TRUE if all(null) else Expr("isnull", (e.args[null.index(False)],), dtype="boolean")
+    if e.op in ("isnull", "isnotnull") and any(null):
+        return TRUE if e.op == "isnull" else FALSE
+    if (e.op in COMPARISONS or e.op == "in_set") and any(null):
+        return FALSE  # NULL, never TRUE: the conjunction it is part of passes no row
+    return e
 
 
 def equi_pairs(op: Join) -> list[tuple[Expr, Expr]]:
@@ -289,8 +378,12 @@ def _composite(side: SetFacts, ids: tuple[int, ...]) -> set[str]:
 def _up(op: Op, below: list[SetFacts]) -> SetFacts:
     if isinstance(op, Relation):
         return {a.expr_id: frozenset({set_var(op, a.expr_id)}) for a in op.output}
-    if isinstance(op, (Filter, Sort, Limit, Deduplicate)):
-        return below[0]
+    if isinstance(op, (Filter, Sort, Limit, Deduplicate, Window, WindowGroupLimit, Generate)):
+        return below[0]  # input columns keep their exprIds and their values
+    if isinstance(op, Expand):  # only what every projection passes on unchanged (the rest is NULL or a tag somewhere)
+        ids = [{p[i].value[0] if p[i].op == "col" else None for p in op.projections} for i in range(len(op.output))]
+        return _renamed(below[0], {next(iter(found)): a.expr_id for a, found in zip(op.output, ids)
+                                   if len(found) == 1 and None not in found})
     if isinstance(op, Project):
         return _renamed(below[0], {e.value[0]: attr.expr_id for attr, e in op.items if e.op == "col"})
     if isinstance(op, Aggregate):

@@ -79,6 +79,38 @@ def _runnable(predicate: Expr, frame: pd.DataFrame, bind: Binding, own: int) -> 
 
 
 @dataclass
+class Judged:
+    """What z3 and the rules say of every operator's pushdown in one pushed plan."""
+
+    reasons: list[str]  # why answers may be supersets, whatever the row
+    unsound: set[int]  # relations under an operator whose pushdown z3 could not prove sound
+    doubtful: list[int]  # operators not proven sound and exact, in pre-order
+
+
+def judge(plan: Plan, pushed: Pushed, static: dict[int, str]) -> Judged:
+    """Verify each operator's pushdown (``verify.py``); ``static`` holds the rules' own doubts."""
+    judged = Judged([], set(), [])
+    for op in plan.operators():
+        if isinstance(op, Relation):
+            continue
+        facts_of = key_facts(op, pushed.sent[op.id]) if isinstance(op, Join) else None
+        verdicts = verify(op, pushed.at[op.id], pushed.sent[op.id], facts_of)
+        proven = all(v.sound and v.exact for v in verdicts)
+        if not proven:
+            judged.doubtful.append(op.id)
+        if op.id in static and not proven:
+            judged.reasons.append(f"op {op.id}: {static[op.id]}")  # z3 proving the operator exact settles the doubt
+        for c, verdict in enumerate(verdicts):
+            what = f"op {op.id} ({getattr(op, 'join_type', '') or op.kind}) input {c}"
+            if verdict.sound is False:
+                judged.unsound.update(r.id for r in op.children[c].relations())
+                judged.reasons.append(f"{what}: pushdown not sound, its whole input taken")
+            elif verdict.exact is not True:
+                judged.reasons.append(f"{what}: {verdict.detail or 'a superset (z3: not equivalent to the row selection)'}")
+    return judged
+
+
+@dataclass
 class Prepared:
     """What a plan's inference needs once, whatever row is traced: phases 1–3 and their verdicts."""
 
@@ -94,24 +126,8 @@ def prepare(plan: Plan) -> Prepared:
     first = push_down(plan, top)
     facts = push_up(plan)
     again = push_down(plan, top, facts)
-    static = {**first.inexact, **again.inexact}  # the rules' own doubts, op by op
-    reasons: list[str] = []
-    unsound: set[int] = set()
-    for op in plan.operators():
-        if isinstance(op, Relation):
-            continue
-        facts_of = key_facts(op, again.sent[op.id]) if isinstance(op, Join) else None
-        verdicts = verify(op, again.at[op.id], again.sent[op.id], facts_of)
-        if op.id in static and not all(v.sound and v.exact for v in verdicts):
-            reasons.append(f"op {op.id}: {static[op.id]}")  # z3 proving the operator exact settles the doubt
-        for c, verdict in enumerate(verdicts):
-            what = f"op {op.id} ({getattr(op, 'join_type', '') or op.kind}) input {c}"
-            if verdict.sound is False:
-                unsound.update(r.id for r in op.children[c].relations())
-                reasons.append(f"{what}: pushdown not sound, its whole input taken")
-            elif verdict.exact is not True:
-                reasons.append(f"{what}: {verdict.detail or 'a superset (z3: not equivalent to the row selection)'}")
-    return Prepared(plan, first, again, reasons, unsound)
+    judged = judge(plan, again, {**first.inexact, **again.inexact})
+    return Prepared(plan, first, again, judged.reasons, judged.unsound)
 
 
 def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepared: Prepared | None = None,

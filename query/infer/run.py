@@ -5,8 +5,9 @@ compares with them), and the precise mode for the intermediate results it saves.
 ``lineage=True`` every row carries the set of (relation id, row position) it derives from,
 by the rules of Perm and PredTrace's Table 2: a join's row from both sides, a group from
 all its rows, a semi join's row from the inner rows that matched it, an anti join's only
-from its outer row, a scalar subquery's value from every row of its input. The tests use
-that mode, on small tables, as the oracle for the inference.
+from its outer row, a scalar subquery's value from every row of its input, a window's row
+from every row of its partition, a generated or expanded row from the input row it came
+from. The tests use that mode, on small tables, as the oracle for the inference.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .evaluate import Binding, Unevaluable, evaluate, holds, value_key
+from .evaluate import Binding, Unevaluable, objects, evaluate, generated, holds, value_key
 from .expr import Expr, conjuncts, lit
-from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Plan, Project, Relation, Sort, Union
+from .operators import (
+    Aggregate, Deduplicate, Expand, Filter, Generate, Join, Limit, Op, Plan, Project, Relation, Sort, Union, Window,
+    WindowGroupLimit,
+)
 from .pushdown import equi_pairs
 
 LINEAGE = "__lineage"
@@ -101,20 +105,23 @@ def _filter(r: Running, op: Filter) -> pd.DataFrame:
 
 def _sort(r: Running, op: Sort) -> pd.DataFrame:
     frame = r.run(op.children[0])
-    if not len(frame):
-        return frame
-    keys, ascending = [], []
-    for i, order in enumerate(op.order):
-        direction, nulls_first = order.value
-        values = evaluate(order.args[0], frame, r.bind)
-        missing = values.isna().to_numpy(dtype=bool)
+    return frame.iloc[_ordered(frame, op.order, r.bind)].reset_index(drop=True)
+
+
+def _ordered(frame: pd.DataFrame, order: list[Expr], bind: Binding) -> np.ndarray:
+    """Positions of ``frame``'s rows in ``order`` (stable: ties keep their input order)."""
+    if not len(frame) or not order:
+        return np.arange(len(frame))
+    keys, names, ascending = {}, [], []
+    for i, o in enumerate(order):
+        direction, nulls_first = o.value
+        values = evaluate(o.args[0], frame, bind)
         # NULLs placed by a key of their own, as each sort order says.
-        frame = frame.assign(**{f"__null{i}": missing != nulls_first,
-                                f"__sort{i}": values.map(_sortable).to_numpy()})
-        keys += [f"__null{i}", f"__sort{i}"]
+        keys[f"null{i}"] = values.isna().to_numpy(dtype=bool) != nulls_first
+        keys[f"sort{i}"] = values.map(_sortable).to_numpy()
+        names += [f"null{i}", f"sort{i}"]
         ascending += [True, direction != "Descending"]
-    frame = frame.sort_values(keys, ascending=ascending, kind="stable")
-    return frame.drop(columns=keys).reset_index(drop=True)
+    return pd.DataFrame(keys).sort_values(names, ascending=ascending, kind="stable").index.to_numpy()
 
 
 def _sortable(v):
@@ -150,7 +157,7 @@ def _deduplicate(r: Running, op: Deduplicate) -> pd.DataFrame:
 
 
 def _hashable(v):
-    if v is None or (isinstance(v, float) and np.isnan(v)):
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
         return None
     return v
 
@@ -220,6 +227,140 @@ def _apply(e: Expr, part: pd.DataFrame, bind: Binding):
     if fn in ("first", "last"):
         return values[0] if fn == "first" else values[-1]
     raise Unevaluable(f"aggregate {fn}")
+
+
+def _partitions(frame: pd.DataFrame, op: Window | WindowGroupLimit, bind: Binding) -> list[tuple[np.ndarray, list]]:
+    """Each partition of ``frame``: its rows' positions in the window's order, and their
+    order keys (rows with equal keys are peers)."""
+    keys = [evaluate(p, frame, bind).to_numpy(dtype=object) for p in op.partition]
+    order_keys = [[value_key(_hashable(v)) for v in evaluate(o.args[0], frame, bind).tolist()] for o in op.order]
+    groups: dict[tuple, list[int]] = {}
+    for i in _ordered(frame, op.order, bind):
+        groups.setdefault(tuple(_hashable(k[i]) for k in keys), []).append(i)
+    return [(np.array(members, dtype=int), [tuple(k[i] for k in order_keys) for i in members])
+            for members in groups.values()]
+
+
+def _rank_like(fn: str, peers: list) -> list[int]:
+    """``row_number``, ``rank`` or ``dense_rank`` of each row of a partition in order."""
+    out, rank, dense = [], 0, 0
+    for i, key in enumerate(peers):
+        if i == 0 or key != peers[i - 1]:
+            rank, dense = i + 1, dense + 1
+        out.append(i + 1 if fn == "row_number" else rank if fn == "rank" else dense)
+    return out
+
+
+def _window_column(e: Expr, ordered: pd.DataFrame, peers: list, bind: Binding) -> list:
+    """One window function's values over one partition, its rows in order."""
+    fn, spec = e.args
+    if fn.op == "winfn" and fn.value in ("row_number", "rank", "dense_rank"):
+        return _rank_like(fn.value, peers)
+    if fn.op == "winfn":  # lag or lead: the input ``offset`` rows before or after, else the default
+        source, offset, default = fn.args
+        if offset.op != "lit" or offset.value is None:
+            raise Unevaluable(f"{fn.value} by {offset}")
+        step = -int(offset.value) if fn.value == "lag" else int(offset.value)
+        values = evaluate(source, ordered, bind).tolist()
+        defaults = evaluate(default, ordered, bind).tolist()
+        return [values[i + step] if 0 <= i + step < len(values) else defaults[i] for i in range(len(values))]
+    if fn.op != "agg":
+        raise Unevaluable(f"window function {fn}")
+    found: dict[tuple[int, int], object] = {}  # a frame's value, computed once per frame
+    out = []
+    for i in range(len(ordered)):
+        lo, hi = _frame(spec.args[-1], i, peers)
+        if (lo, hi) not in found:
+            found[lo, hi] = _apply(fn, ordered.iloc[max(lo, 0):max(hi + 1, 0)], bind)
+        out.append(found[lo, hi])
+    return out
+
+
+def _frame(frame: Expr, i: int, peers: list) -> tuple[int, int]:
+    """First and last positions of row ``i``'s frame in its ordered partition (empty when
+    the first is past the last). A range frame's current row is its peers; range offsets
+    by value are not modelled."""
+    if frame.op != "frame":
+        raise Unevaluable(f"window frame {frame}")
+    bounds = []
+    for bound, last in zip(frame.args, (False, True)):
+        if bound.op == "bound" and bound.value == "unbounded_preceding":
+            bounds.append(0)
+        elif bound.op == "bound" and bound.value == "unbounded_following":
+            bounds.append(len(peers) - 1)
+        elif bound.op == "bound" and bound.value == "current_row" and frame.value == "range":
+            same = [j for j, key in enumerate(peers) if key == peers[i]]
+            bounds.append(same[-1] if last else same[0])
+        elif bound.op == "bound" and bound.value == "current_row":
+            bounds.append(i)
+        elif bound.op == "lit" and frame.value == "rows" and isinstance(bound.value, int):
+            bounds.append(i + bound.value)
+        else:
+            raise Unevaluable(f"window frame {frame}")
+    return bounds[0], min(bounds[1], len(peers) - 1)
+
+
+def _window(r: Running, op: Window) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    computed = {a.expr_id: np.full(len(frame), None, dtype=object) for a, _ in op.items}
+    lineage = np.empty(len(frame), dtype=object)
+    for positions, peers in _partitions(frame, op, r.bind):
+        ordered = frame.iloc[positions].reset_index(drop=True)
+        for attr, e in op.items:
+            computed[attr.expr_id][positions] = objects(_window_column(e, ordered, peers, r.bind))
+        if r.lineage:
+            lineage[positions] = [frozenset().union(*ordered[LINEAGE])] * len(positions)
+    out = pd.DataFrame({a.expr_id: computed[a.expr_id] if a.expr_id in computed else frame[a.expr_id].to_numpy()
+                        for a in op.output}, index=frame.index)
+    if r.lineage:
+        out[LINEAGE] = lineage
+    return out
+
+
+def _window_group_limit(r: Running, op: WindowGroupLimit) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    if op.function.op != "winfn" or op.function.value not in ("row_number", "rank", "dense_rank"):
+        raise Unevaluable(f"a group limit by {op.function}")
+    keep = np.zeros(len(frame), dtype=bool)
+    lineage = np.empty(len(frame), dtype=object)
+    for positions, peers in _partitions(frame, op, r.bind):
+        keep[positions] = np.array(_rank_like(op.function.value, peers)) <= op.limit
+        if r.lineage:
+            lineage[positions] = [frozenset().union(*frame[LINEAGE].iloc[positions])] * len(positions)
+    out = frame[keep].reset_index(drop=True)
+    if r.lineage:
+        out[LINEAGE] = lineage[keep]
+    return out
+
+
+def _generate(r: Running, op: Generate) -> pd.DataFrame:
+    if op.generator.op != "generator":
+        raise Unevaluable(f"generator {op.generator}")
+    frame = r.run(op.children[0])
+    collections = evaluate(op.generator.args[0], frame, r.bind).tolist()
+    rows, produced = [], []
+    for i, collection in enumerate(collections):
+        found = generated(op.generator.value, collection, len(op.generated), op.outer)
+        rows += [i] * len(found)
+        produced += found
+    own = {a.expr_id for a in op.generated}
+    out = {a.expr_id: frame[a.expr_id].to_numpy(dtype=object)[rows] for a in op.output if a.expr_id not in own}
+    for j, a in enumerate(op.generated):
+        out[a.expr_id] = objects([values[j] for values in produced])
+    result = pd.DataFrame({a.expr_id: out[a.expr_id] for a in op.output}, index=range(len(rows)))
+    if r.lineage:
+        result[LINEAGE] = frame[LINEAGE].to_numpy()[rows] if rows else []
+    return result
+
+
+def _expand(r: Running, op: Expand) -> pd.DataFrame:
+    frame = r.run(op.children[0])
+    parts = []
+    for projection in op.projections:
+        part = pd.DataFrame({a.expr_id: evaluate(e, frame, r.bind).to_numpy(dtype=object)
+                             for a, e in zip(op.output, projection)}, index=frame.index)
+        parts.append(_keep_lineage(r, frame, part))
+    return pd.concat(parts, ignore_index=True)
 
 
 def _join(r: Running, op: Join) -> pd.DataFrame:
@@ -292,4 +433,5 @@ def _matches(left: pd.DataFrame, right: pd.DataFrame, pairs, residual: list[Expr
 
 
 _RUNNERS = {Relation: _relation, Project: _project, Filter: _filter, Sort: _sort, Limit: _limit, Union: _union,
-            Deduplicate: _deduplicate, Aggregate: _aggregate, Join: _join}
+            Deduplicate: _deduplicate, Aggregate: _aggregate, Join: _join, Window: _window,
+            WindowGroupLimit: _window_group_limit, Generate: _generate, Expand: _expand}

@@ -30,10 +30,14 @@ from decimal import Decimal
 import z3
 
 from .expr import COMPARISONS, Expr, conjuncts
-from .operators import Aggregate, Deduplicate, Filter, Join, Limit, Op, Project, Relation, Sort, Union
+from .operators import (
+    Aggregate, Deduplicate, Expand, Filter, Generate, Join, Limit, Op, Project, Relation, Sort, Union, Window,
+    WindowGroupLimit,
+)
 from .pushdown import equi_pairs, parse_var
 
 ROWS = 3
+ELEMENTS = 2  # what a generator yields per input row, at most, in the model
 TIMEOUT_MS = 5_000
 
 
@@ -160,6 +164,15 @@ def _symbolic(e: Expr, row: Row, sym: _Symbols) -> z3.ExprRef:
         return sym.param(f"subquery{e.value}", _sort(e.dtype))
     if op == "in_set":
         return sym.member(e.value, key_terms(e.args[0], row, sym))
+    if op == "yields":
+        kind, _, dtypes = e.value
+        collection = symbolic(e.args[0], row, sym)
+        found = []
+        for k in range(ELEMENTS):
+            cells = _element(kind, collection, k, dtypes, sym)
+            wanted = [_coerce(c, symbolic(v, row, sym, c.sort())) for c, v in zip(cells, e.args[1:])]
+            found.append(z3.And(_has(collection, k, sym), *[a == b for a, b in wanted]))
+        return z3.Or(*found)
     if op in ("and", "or"):
         parts = [symbolic(a, row, sym) for a in e.args]
         return z3.And(*parts) if op == "and" else z3.Or(*parts)
@@ -294,7 +307,66 @@ def _outputs(op: Op, t: _Tables, sym: _Symbols) -> list[_Output]:
             else:
                 raise Unsupported(f"{op.join_type} join (nulls are not modelled)")
         return outs
+    if isinstance(op, (Window, WindowGroupLimit)):
+        return _window_outputs(op, t, sym)
+    if isinstance(op, Generate):
+        # An outer generator's row of NULLs is none the model's traced row can be (cells are non-null).
+        if op.generator.op != "generator":
+            raise Unsupported(f"generator {op.generator}")
+        dtypes = tuple(a.dtype for a in op.generated)
+        outs = []
+        for i, row in enumerate(t.rows[0]):
+            collection = symbolic(op.generator.args[0], row, sym)
+            for k in range(ELEMENTS):
+                cells = dict(zip([a.expr_id for a in op.generated],
+                                 _element(op.generator.value, collection, k, dtypes, sym)))
+                exists = z3.And(t.exists[0][i], _has(collection, k, sym))
+                outs.append(_Output({**row, **cells}, exists, [(0, i, z3.BoolVal(True))]))
+        return outs
+    if isinstance(op, Expand):
+        # Cells are non-null in the model, so no traced row is one a projection puts a NULL
+        # in: such projections yield no rows here (the pushdown folds its tests of those NULLs).
+        outs = []
+        for projection in op.projections:
+            if any(e.op == "lit" and e.value is None for e in projection):
+                continue
+            for i, row in enumerate(t.rows[0]):
+                cells = {a.expr_id: symbolic(e, row, sym) for a, e in zip(op.output, projection)}
+                outs.append(_Output(cells, t.exists[0][i], [(0, i, z3.BoolVal(True))]))
+        if not outs:
+            raise Unsupported("Expand: every projection puts a NULL somewhere")
+        return outs
     raise Unsupported(f"{op.kind}")
+
+
+def _has(collection: z3.ExprRef, k: int, sym: _Symbols) -> z3.ExprRef:
+    """Whether a generator yields a ``k``-th row for ``collection``."""
+    return sym.function(f"has{k}", [collection], z3.BoolSort())
+
+
+def _element(kind: str, collection: z3.ExprRef, k: int, dtypes: tuple, sym: _Symbols) -> list[z3.ExprRef]:
+    """The cells of the ``k``-th row a generator yields for ``collection``: unknown values,
+    but for posexplode's position."""
+    cells = [sym.function(f"element{k}.{j}", [collection], _sort(d)) for j, d in enumerate(dtypes)]
+    return [z3.IntVal(k), *cells[1:]] if kind == "posexplode" else cells
+
+
+def _window_outputs(op: Window | WindowGroupLimit, t: _Tables, sym: _Symbols) -> list[_Output]:
+    """Each input row with its window values, from every row of its partition. What a window
+    computes, and which rows a group limit keeps, are left free: any values, any rows."""
+    keys = [[symbolic(p, row, sym) for p in op.partition] for row in t.rows[0]]
+    typed = {a.expr_id: a.dtype for a in op.output}
+    outs = []
+    for i, row in enumerate(t.rows[0]):
+        cells = dict(row)
+        for attr, _ in getattr(op, "items", []):
+            cells[attr.expr_id] = sym.fresh(f"w{attr.expr_id}", _sort(typed.get(attr.expr_id) or attr.dtype))
+        exists = t.exists[0][i]
+        if isinstance(op, WindowGroupLimit):
+            exists = z3.And(exists, sym.fresh("kept", z3.BoolSort()))
+        members = [(0, j, z3.And(t.exists[0][j], *[a == b for a, b in zip(keys[i], keys[j])])) for j in range(ROWS)]
+        outs.append(_Output(cells, exists, members))
+    return outs
 
 
 def _row_selection(op: Op, cells: Row, sym: _Symbols) -> z3.ExprRef:
