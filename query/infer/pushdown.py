@@ -127,7 +127,7 @@ def _through_aggregate(op: Aggregate, predicate: Expr) -> tuple[list[Expr], str 
     over the grouping expressions; conjuncts on aggregate results cannot."""
     groups = {}
     for attr, e in op.items:
-        if e.op != "agg" and not any(n.op == "agg" for n in e.walk()) and e in op.groups:
+        if not any(n.op == "agg" for n in e.walk()) and e in op.groups:
             groups[attr.expr_id] = e
     group_ids = {g.value[0] for g in op.groups if g.op == "col"}
     kept, dropped = [], []

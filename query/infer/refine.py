@@ -139,11 +139,11 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
     started = time.monotonic()
     prepared = prepared or prepare(plan)
     _, bound = row_selection(plan, values)
-    scalars = Running(plan, tables).bind.scalars if plan.subqueries else {}
-    bind = Binding(dict(bound), {}, scalars)
     relations = [op for op in plan.operators() if isinstance(op, Relation)]
-    reasons = list(prepared.reasons)
     frames = {r.id: relation_frame(r, tables(r)) for r in relations}
+    scalars = Running(plan, tables, frames=frames).bind.scalars if plan.subqueries else {}
+    bind = Binding(dict(bound), {}, scalars)
+    reasons = list(prepared.reasons)
     candidates: dict[int, np.ndarray] = {}
     refined: dict[int, Expr] = {}
     for r in relations:
@@ -183,14 +183,14 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
     exact = not reasons and refine
     replayed = False
     if replay and not exact:
-        found = _replay(plan, values, tables, frames, rows, scalars)
+        found = _replay(plan, values, frames, rows, scalars)
         if found is not None:
             rows, replayed = found, True
     return Inferred(rows, exact, reasons, iterations, time.monotonic() - started, replayed,
                     {r.id: repr(refined[r.id]) for r in relations})
 
 
-def _replay(plan: Plan, values: list, tables: Tables, frames: dict, rows: dict[int, np.ndarray],
+def _replay(plan: Plan, values: list, frames: dict[int, pd.DataFrame], rows: dict[int, np.ndarray],
             scalars: dict) -> dict[int, np.ndarray] | None:
     """The traced row's lineage in the plan run over the candidates, or None when the plan
     cannot run here or the run does not reproduce the row.
@@ -207,13 +207,9 @@ def _replay(plan: Plan, values: list, tables: Tables, frames: dict, rows: dict[i
     whole = {r.id for op in plan.root.walk() if isinstance(op, Join) and op.join_type == "leftanti"
              for r in op.children[1].relations()}
 
-    def restricted(relation: Relation) -> pd.DataFrame:
-        if relation.id in whole:
-            return tables(relation)
-        return tables(relation).iloc[rows[relation.id]].reset_index(drop=True)
-
+    restricted = {r: frame if r in whole else frame.iloc[rows[r]].reset_index(drop=True) for r, frame in frames.items()}
     try:
-        running = Running(Plan(plan.root, {}), restricted, lineage=True)
+        running = Running(Plan(plan.root, {}), _unread, lineage=True, frames=restricted)
         running.bind.scalars.update(scalars)
         out = running.run(plan.root)
     except Unevaluable:
@@ -231,3 +227,7 @@ def _replay(plan: Plan, values: list, tables: Tables, frames: dict, rows: dict[i
         for r in sub.root.relations():
             found[r.id] = set(rows[r.id].tolist())
     return {r: np.array(sorted(v), dtype=int) for r, v in found.items()}
+
+
+def _unread(relation: Relation) -> pd.DataFrame:
+    raise AssertionError(f"relation {relation.id}: the replay runs over the frames it is given")

@@ -35,10 +35,12 @@ Tables = Callable[[Relation], pd.DataFrame]  # a relation's rows, by column name
 class Running:
     """One run of a plan: the relations' tables, subquery values, and whether lineage is carried."""
 
-    def __init__(self, plan: Plan, tables: Tables, lineage: bool = False):
+    def __init__(self, plan: Plan, tables: Tables, lineage: bool = False,
+                 frames: dict[int, pd.DataFrame] | None = None):
         self.plan = plan
         self.tables = tables
         self.lineage = lineage
+        self.frames = frames or {}  # relation id → its rows as ``relation_frame`` gives them, where already made
         self.bind = Binding()
         self.subquery_lineage: frozenset = frozenset()
         for sid, sub in plan.subqueries.items():
@@ -79,7 +81,7 @@ def relation_frame(relation: Relation, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _relation(r: Running, op: Relation) -> pd.DataFrame:
-    frame = relation_frame(op, r.tables(op))
+    frame = r.frames[op.id].copy() if op.id in r.frames else relation_frame(op, r.tables(op))
     if r.lineage:
         frame[LINEAGE] = [frozenset({(op.id, i)}) for i in range(len(frame))]
     return frame
@@ -157,6 +159,8 @@ def _deduplicate(r: Running, op: Deduplicate) -> pd.DataFrame:
 
 
 def _hashable(v):
+    """A group or partition key's value as Spark keeps it (``Decimal('2.00')`` stays itself,
+    unlike ``value_key``'s 2: the key is output), its NULLs one NULL."""
     if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
         return None
     return v
