@@ -413,6 +413,9 @@ class _Partition:
             return tail[0], _status_text(tail[1])
         return held
 
+    def batches(self) -> set[tuple[str, int]]:
+        return {key for run in self.runs for key in run.rows} | set(self.tail.batches)
+
     def fields(self, key, dataset: bool = False) -> dict | None:
         found: dict[str, list] = {}
         hit = False
@@ -515,6 +518,10 @@ class BatchLog:
         for fields in found:
             merged.update(fields)
         return merged
+
+    def batches(self, query: str) -> list[int]:
+        """Every batch of ``query`` the log holds an entry of, in order."""
+        return sorted({batch for partition in self._partitions for q, batch in partition.batches() if q == query})
 
     def statuses(self, pairs: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str | None]:
         """Each batch's capture status (``CAPTURE_STATUSES``); None where no status is logged (yet)."""

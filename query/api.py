@@ -21,7 +21,10 @@ Questions (TensProv's query classes, §IV):
 
 Every answer (``backward.Answer``) says whether every batch on its way was fully
 captured (``complete``), and if not, which (``gaps``, from the batch log) and where
-lineage stops short (``unexplained``).
+lineage stops short (``unexplained``). A row no store holds because its batch published
+no edges is answered by inference from the log, records ``via: inference``: backward
+from a sink row to its sources (``fallback.py``), forward from a source row to the sink
+rows derived from it (``forward_fallback.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from headwater.core.config import Config
 from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
 from .cypher import CypherBackend
 from .fallback import Fallback
+from .forward_fallback import Forward
 from .parquet import CSProvBackend, RecursiveBackend
 from .payload import attach_payload
 from .walk import MAX_REACH
@@ -114,6 +118,7 @@ class LineageClient:
         self._backends: dict[str, WalkingBackend] = {}
         self._making = threading.Lock()  # questions from several threads make each backend once
         self._fallback: Fallback | None = None
+        self._forward: Forward | None = None
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -188,7 +193,8 @@ class LineageClient:
         try:
             backend = self._holding(rid)
         except UnknownRow:
-            inferred = self._inferred(rid, to, payload, deadline) if backward else None
+            inferred = self._inferred(rid, to, payload, deadline) if backward else \
+                self._inferred_forward(rid, to, cols, payload, deadline)
             if inferred is None:
                 raise
             return inferred
@@ -200,10 +206,7 @@ class LineageClient:
     def _inferred(self, rid: int, to: str, payload: bool, deadline: float) -> Answer | None:
         """The answer for a sink row no store holds because its batch published no edges:
         its sources inferred from the log (``fallback.py``); None if no sink holds ``rid``."""
-        with self._making:
-            if self._fallback is None:
-                self._fallback = Fallback(self.config)
-        located = self._fallback.locate(rid, deadline)
+        located = self._fallbacks()[0].locate(rid, deadline)
         if located is None:
             return None
         query, batch, values = located
@@ -216,6 +219,32 @@ class LineageClient:
         if payload:
             found = self.with_payload(found)
         return Answer(rid, ordered(found), [Gap(query, batch, status)], [])
+
+    def _inferred_forward(self, rid: int, to: str, cols: int | None, payload: bool, deadline: float) -> Answer | None:
+        """The answer for a source row no store holds because the batches that read it published no
+        edges: the sink rows derived from it, inferred (``forward_fallback.py``); None if no such batch read it."""
+        forward = self._fallbacks()[1]
+        read = forward.find(rid, deadline)
+        if read is None:
+            return None
+        queries = sorted({query for query, _, _ in read.batches})
+        if to != "output" and to not in queries:
+            batches = ", ".join(f"{g.batch} of {g.query!r}" for g in read.gaps)
+            raise LineageError(f"rid {rid} was read by batches that published no edges ({batches}): its lineage is "
+                               f"inferred, to their output rows only (to=output or {' or '.join(queries)}), not to "
+                               f"{to!r}")
+        found = [x for x in forward.derived(rid, read, deadline)
+                 if (to == "output" or x.dataset == to) and (cols is None or x.cols & cols)]
+        if payload:
+            found = self.with_payload(found)
+        return Answer(rid, ordered(found), read.gaps, [])
+
+    def _fallbacks(self) -> tuple[Fallback, Forward]:
+        with self._making:
+            if self._fallback is None:
+                self._fallback = Fallback(self.config)
+                self._forward = Forward(self._fallback)
+            return self._fallback, self._forward
 
     def _two_ways(self, rid, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
         check_depth(depth)

@@ -82,8 +82,9 @@ class Answer:
     fully captured. ``unexplained`` (backward): rows the walk reached that are not
     sources yet have no recorded inputs, so lineage stops there: the batch that made
     them was not captured (or is not indexed yet). An output row of an uncaptured batch
-    gets its sources inferred (``fallback.py``): records ``via: inference``, its batch
-    still in ``gaps``.
+    gets its sources inferred (``fallback.py``), a source row only uncaptured batches read
+    the output rows derived from it (``forward_fallback.py``): records ``via: inference``,
+    the batches still in ``gaps``.
     """
 
     of: int

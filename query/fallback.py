@@ -7,8 +7,19 @@ from the broker, the static tables from their files, and ``infer`` finds which o
 the row derives from. Every record found says ``via: inference`` and whether it is
 ``exact`` or part of a superset (``Inferred.reasons`` say why).
 
+Each row found gets the rid capture gives it: a Kafka record's from its coordinates, a
+static table row's from its declared key, or, without one, from its whole content over
+the relation's columns (``rid.table_row_rid``, Spark's hash reproduced). That is capture's
+rid when capture hashed those columns: a table read whole, as ``spark.read.parquet`` or
+``spark.table`` give it. A keyless table the query narrows before the stream meets it
+(``spark.read.parquet(p).select(…)``) was hashed over fewer columns, which the logged
+plan does not tell; its rows' rids are not capture's (declare its key).
+
 Sources the plan reads that this module cannot read back (a file stream, a rate source)
 or a plan not kept make the question fail with a clear error, never a guess.
+
+Forward questions (the sink rows derived from a source row such batches read) replay the
+same plan over the same rows: ``forward_fallback.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +28,11 @@ import datetime
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from headwater.core import rid as rids
@@ -42,18 +56,57 @@ class Fallback:
         self.config = config
         self.plans = PlanStore(config.store_path(), config.log_topic)
         self.log = BatchLog(config.store_path(), config.log_topic)
-        self._prepared: dict[str, tuple[Plan, Prepared, dict]] = {}
-        self._static: dict[tuple, pd.DataFrame] = {}
+        self._built: dict[str, tuple[Plan, dict]] = {}
+        self._prepared: dict[str, Prepared] = {}
+        self._static: dict[tuple, tuple[pa.Table, pd.DataFrame]] = {}
+        self._content_rids: dict[tuple, np.ndarray] = {}
 
-    def _plan(self, query: str, batch: int) -> tuple[Plan, Prepared, dict]:
+    def plan(self, query: str, batch: int) -> tuple[Plan, dict]:
+        """The plan batch ``batch`` of ``query`` ran, and what capture logged beside it."""
         kept = self.plans.plan_for(query, batch)
         if kept is None:
             raise LineageError(f"no plan of query {query!r} is kept for batch {batch}: lineage cannot be "
                                f"inferred (capture logs it at start; is the indexer running?)")
+        if kept["fingerprint"] not in self._built:
+            self._built[kept["fingerprint"]] = (build(kept["optimized"]), kept)
+        return self._built[kept["fingerprint"]]
+
+    def _plan(self, query: str, batch: int) -> tuple[Plan, Prepared, dict]:
+        plan, kept = self.plan(query, batch)
         if kept["fingerprint"] not in self._prepared:
-            plan = build(kept["optimized"])
-            self._prepared[kept["fingerprint"]] = (plan, prepare(plan), kept)
-        return self._prepared[kept["fingerprint"]]
+            self._prepared[kept["fingerprint"]] = prepare(plan)
+        return plan, self._prepared[kept["fingerprint"]], kept
+
+    def entry(self, query: str, batch: int) -> dict:
+        """The batch log's entry of the batch, which must hold the offsets it read."""
+        entry = self.log.refresh().batch(query, batch)
+        if entry is None or "sources" not in entry:
+            raise LineageError(f"batch {batch} of {query!r} has no offsets in the batch log: lineage cannot be "
+                               f"inferred")
+        return entry
+
+    def tables(self, entry: dict, kept: dict) -> tuple[Callable[[Relation], pd.DataFrame], dict[int, tuple]]:
+        """The rows of each relation of a batch's plan, read back on first use, and what was read:
+        by relation id, its rows and what they are, ``(kind, dataset, key)``."""
+        read: dict[int, tuple[pd.DataFrame, tuple]] = {}
+
+        def table(relation: Relation) -> pd.DataFrame:
+            if relation.id not in read:
+                read[relation.id] = self.relation_rows(relation, entry, kept)
+            return read[relation.id][0]
+        return table, read
+
+    def sink_files(self, kept: dict) -> list[tuple[ds.Fragment, int]] | None:
+        """The files of the query's sink with the batch that wrote each (from their names), or
+        None if the sink is not a file sink holding ``_hw_rid`` that can be read here."""
+        kind, _, path = (kept.get("sink") or "").partition(":")
+        path = path.removeprefix("file:")
+        if kind not in ("parquet", "orc", "json") or not path or not Path(path).exists():
+            return None
+        dataset = ds.dataset(path, format=kind)
+        if "_hw_rid" not in dataset.schema.names:
+            return None
+        return [(f, int(m.group(1))) for f in dataset.get_fragments() if (m := _BATCH_FILE.search(Path(f.path).name))]
 
     def locate(self, rid: int, deadline: float | None = None) -> tuple[str, int, dict] | None:
         """(query, batch, column values) of the sink row whose ``_hw_rid`` is ``rid``, or None.
@@ -68,16 +121,9 @@ class Fallback:
 
         log = self.log.refresh()
         for query in self.plans.queries():
-            kept = self.plans.latest(query)
-            kind, _, path = (kept.get("sink") or "").partition(":")
-            path = path.removeprefix("file:")
-            if kind not in ("parquet", "orc", "json") or not path or not Path(path).exists():
+            files = self.sink_files(self.plans.latest(query))
+            if files is None:
                 continue
-            dataset = ds.dataset(path, format=kind)
-            if "_hw_rid" not in dataset.schema.names:
-                continue
-            files = [(f, int(m.group(1))) for f in dataset.get_fragments()
-                     if (m := _BATCH_FILE.search(Path(f.path).name))]
             statuses = log.statuses({(query, batch) for _, batch in files})
             for fragment, batch in files:
                 if statuses.get((query, batch)) in (None, "full"):
@@ -92,32 +138,27 @@ class Fallback:
     def backward(self, query: str, batch: int, of: int, values: dict) -> tuple[list[Lineage], Inferred]:
         """The sources output row ``of`` of batch ``batch`` derives from; ``values`` its columns by name."""
         plan, prepared, kept = self._plan(query, batch)
-        entry = self.log.refresh().batch(query, batch)
-        if entry is None or "sources" not in entry:
-            raise LineageError(f"batch {batch} of {query!r} has no offsets in the batch log: lineage cannot be inferred")
+        entry = self.entry(query, batch)
         missing = [a.name for a in plan.root.output if a.name not in values]
         if missing:
             raise LineageError(f"the row lacks the plan's output columns {missing}")
-        frames: dict[int, pd.DataFrame] = {}
-        names: dict[int, tuple] = {}
-
-        def table(relation: Relation) -> pd.DataFrame:
-            if relation.id not in frames:
-                frames[relation.id], names[relation.id] = self._read(relation, entry, kept)
-            return frames[relation.id]
-
+        table, read = self.tables(entry, kept)
         inferred = infer(plan, [values[a.name] for a in plan.root.output], table, prepared=prepared)
+        relations = {op.id: op for op in plan.operators() if isinstance(op, Relation)}
         found: dict[int, Lineage] = {}
         for relation_id, positions in inferred.rows.items():
-            frame, (kind, name, key) = frames[relation_id], names[relation_id]
+            frame, (kind, name, key) = read[relation_id]
+            content = self.content_rids(relations[relation_id], name) if kind == "table" and not key else None
             for position in positions.tolist():
-                record = _record(kind, name, key, frame.iloc[position], of, inferred.exact)
+                record = _record(kind, name, key, frame.iloc[position], of, inferred.exact,
+                                 None if content is None else int(content[position]))
                 found.setdefault(record.rid, record)
         for record in found.values():
             record.batches = [batch]
         return sorted(found.values(), key=lambda r: r.rid), inferred
 
-    def _read(self, relation: Relation, entry: dict, kept: dict) -> tuple[pd.DataFrame, tuple]:
+    def relation_rows(self, relation: Relation, entry: dict, kept: dict) -> tuple[pd.DataFrame, tuple]:
+        """The rows a relation of the batch's plan read, and what they are: ``(kind, dataset, key)``."""
         names = {a.name for a in relation.output}
         if relation.streaming and {"topic", "partition", "offset", "value"} <= names:
             return _kafka(self.config.bootstrap, entry["sources"]), ("kafka", None, ())
@@ -128,30 +169,63 @@ class Fallback:
             if source is None:
                 raise LineageError(f"the plan reads {relation.location['paths']}, which capture did not log as a "
                                    f"static table")
-            cache = (tuple(relation.location["paths"]),)
-            if cache not in self._static:
-                self._static[cache] = _files(relation.location)
-            return self._static[cache], ("table", source["dataset"], tuple(source.get("key") or ()))
+            return self._files(relation.location)[1], ("table", source["dataset"], tuple(source.get("key") or ()))
         raise LineageError(f"cannot read back the rows of {relation.spark_class} (columns {sorted(names)}): "
                            f"only Kafka topics and file-backed static tables")
 
+    def content_rids(self, relation: Relation, dataset: str) -> np.ndarray:
+        """The rids capture gives the rows of a static table without a declared key, in the order
+        ``relation_rows`` reads them: each hashes its row's values over the relation's columns.
 
-def _files(location: dict) -> pd.DataFrame:
-    paths = [p.removeprefix("file:") for p in location["paths"]]
-    return ds.dataset(paths, format=location.get("format", "parquet")).to_table().to_pandas()
+        The values are read from the files anew with pyarrow, not from the rows inference uses:
+        pandas reads NULLs of float columns as NaN, which hashes otherwise, and nullable longs
+        as floats, which lose digits.
+        """
+        columns = tuple((a.name, a.dtype) for a in relation.output)
+        cache = (tuple(relation.location["paths"]), dataset, columns)
+        if cache not in self._content_rids:
+            table = self._files(relation.location)[0]
+            missing = [name for name, _ in columns if name not in table.column_names]
+            if missing:
+                raise LineageError(f"static table {dataset!r} has no declared key and its files lack the columns "
+                                   f"{missing} its rows' rids hash (declare keys= in Tracer.trace)")
+            try:
+                found = rids.table_row_rids(dataset, [table.column(name).to_pylist() for name, _ in columns],
+                                            [dtype for _, dtype in columns])
+            except rids.UnhashableType as e:
+                raise LineageError(f"static table {dataset!r} has no declared key, and its rows' rids hash a "
+                                   f"column whose hash is not reproduced here ({e}); declare keys= in "
+                                   f"Tracer.trace") from None
+            self._content_rids[cache] = np.array(found, dtype=np.int64)
+        return self._content_rids[cache]
+
+    def _files(self, location: dict) -> tuple[pa.Table, pd.DataFrame]:
+        """A static table's rows, as pyarrow and pandas read them, read once."""
+        cache = tuple(location["paths"])
+        if cache not in self._static:
+            paths = [p.removeprefix("file:") for p in location["paths"]]
+            table = ds.dataset(paths, format=location.get("format", "parquet")).to_table()
+            self._static[cache] = (table, table.to_pandas())
+        return self._static[cache]
+
+
+def offset_ranges(sources: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
+    """The offsets a batch read, ``[start, end)`` by (topic, partition), from its log entry's ``sources``."""
+    ranges = {}
+    for source in sources:
+        for name, end in (source.get("end") or {}).items():
+            topic, partition = name.rsplit(":", 1)
+            start = (source.get("start") or {}).get(name, 0)
+            if end > start:
+                ranges[topic, int(partition)] = (int(start), int(end))
+    return ranges
 
 
 def _kafka(bootstrap: str, sources: list[dict]) -> pd.DataFrame:
     """The records of the batch's offset ranges (``start`` to ``end``, per ``topic:partition``)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    ranges: dict[TopicPartition, tuple[int, int]] = {}
-    for source in sources:
-        for name, end in (source.get("end") or {}).items():
-            topic, partition = name.rsplit(":", 1)
-            start = (source.get("start") or {}).get(name, 0)
-            if end > start:
-                ranges[TopicPartition(topic, int(partition))] = (int(start), int(end))
+    ranges = {TopicPartition(topic, partition): span for (topic, partition), span in offset_ranges(sources).items()}
     rows: list[tuple] = []
     if not ranges:
         return pd.DataFrame(columns=KAFKA_COLUMNS)
@@ -185,20 +259,22 @@ def _kafka(bootstrap: str, sources: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=KAFKA_COLUMNS)
 
 
-def _record(kind: str, dataset: str | None, key: tuple, row: pd.Series, of: int, exact: bool) -> Lineage:
+def _record(kind: str, dataset: str | None, key: tuple, row: pd.Series, of: int, exact: bool,
+            content_rid: int | None = None) -> Lineage:
+    """The answer record of a source row; ``content_rid``: the rid of a row of a table without a
+    declared key (``Fallback.content_rids``), which has no key, as capture's records have none."""
     common = {"of": of, "kind": "source", "exact": exact, "via": "inference", "cols": -1}
     if kind == "kafka":
         topic, partition, offset = row["topic"], int(row["partition"]), int(row["offset"])
         return Lineage(rid=rids.kafka_rid(topic, partition, offset), dataset=f"kafka:{topic}", topic=topic,
                        partition=partition, offset=offset, **common)
     if not key:
-        raise LineageError(f"static table {dataset!r} has no declared key: its rows' rids hash their whole "
-                           f"content, which inference does not reproduce yet (declare keys= in Tracer.trace)")
-    text = rids.KEY_SEPARATOR.join(_key_text(row[k]) for k in key)
+        return Lineage(rid=content_rid, dataset=dataset, **common)
+    text = rids.KEY_SEPARATOR.join(key_text(row[k]) for k in key)
     return Lineage(rid=rids.table_rid(dataset, text), dataset=dataset, key=text, **common)
 
 
-def _key_text(v) -> str:
+def key_text(v) -> str:
     """A key value as Spark's ``cast(… as string)`` writes it."""
     if isinstance(v, float) and v.is_integer():
         return f"{v:.1f}"

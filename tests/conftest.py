@@ -63,6 +63,22 @@ def index(config) -> None:
         indexer.close()
 
 
+def records_read(query) -> dict[tuple[str, int, int], int]:
+    """The batch of ``query`` that read each Kafka record ``(topic, partition, offset)``, from Spark's
+    progress (the ``headwater_kafka`` source reports offsets as ``{"topic:partition": offset}``)."""
+    import json
+
+    read = {}
+    for progress in query.recentProgress:
+        for source in progress.sources:
+            start = json.loads(source.startOffset) if source.startOffset not in (None, "None", "null") else {}
+            for name, end in json.loads(source.endOffset).items():
+                topic, partition = name.rsplit(":", 1)
+                for offset in range(start.get(name, 0), end):
+                    read[topic, int(partition), offset] = progress.batchId
+    return read
+
+
 def wait_batches(query, count: int, timeout_s: float = 120) -> None:
     """Wait until ``query`` has run ``count`` batches that read rows."""
     import time

@@ -46,6 +46,16 @@ def demo_lineage(topic: str, events, coordinates, customers) -> dict[int, set[In
     return expected
 
 
+def derived_from(lineage: dict[int, set[Input]]) -> dict[Input, set[int]]:
+    """Forward lineage from backward (``demo_lineage``): each input → the order_ids of the
+    output rows derived from it. An input no output row derives from is not in it."""
+    derived: dict[Input, set[int]] = {}
+    for order, inputs in lineage.items():
+        for item in inputs:
+            derived.setdefault(item, set()).add(order)
+    return derived
+
+
 def as_input(row) -> Input:
     """A lineage answer row (``Lineage``) in the oracle's terms."""
     if row.topic is not None:

@@ -73,6 +73,8 @@ def check(log: BatchLog, written, records: dict, queries: list[str], batches: in
     expected, datasets = brute_force(written, records)
     pairs = [(q, b) for q in queries for b in range(batches + 1)]  # the last batch is never logged
     assert log.statuses(pairs) == {p: expected.get(p, {}).get("status") for p in pairs}
+    for query in queries:
+        assert log.batches(query) == sorted(b for q, b in expected if q == query)
     for query, batch in pairs:
         want = expected.get((query, batch))
         assert log.batch(query, batch) == (None if want is None else {"query": query, "batch": batch, **want})

@@ -1,42 +1,59 @@
 """The demo stream with capture switched off (log-only): no edges at all, yet every output
-row's backward lineage, asked by its rid as usual, is answered by inference and equals the
-brute-force oracle, flagged ``via: inference`` and exact, with the gap it fills named."""
+row's backward lineage and every input row's forward lineage, asked by its rid as usual, is
+answered by inference and equals the brute-force oracle, flagged ``via: inference`` and
+exact, with the gap it fills named."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from headwater.adapters.kafka import ensure_topics
+from headwater.core.rid import kafka_rid, table_rid
 from headwater.demo import orders as data
 from headwater.demo.run import end_offsets, run_pipeline
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError, UnknownRow
 
-from .conftest import index, own_topics
-from .oracle import as_input, demo_lineage
+from .conftest import index, own_topics, records_read
+from .oracle import as_input, demo_lineage, derived_from, parse
 
 ORDERS = 300
 
 
+def log_only_stream(spark, stack_config, folder, name: str, events: list, partitions: int, max_per_batch: int):
+    """The demo over ``events`` with capture off, indexed: (config, topic, coordinates, sink, query)."""
+    config, tag = own_topics(stack_config, name)
+    config = config.with_overrides(capture="log-only")
+    topic = f"{name}-{tag}"
+    ensure_topics(config.bootstrap, [topic], partitions)
+    coordinates = data.produce(config.bootstrap, topic, events)
+    sink, query = run_pipeline(spark, config, folder, topic, end_offsets(topic, coordinates), say=print,
+                               max_per_batch=max_per_batch)
+    index(config)
+    return config, topic, coordinates, sink, query
+
+
 @pytest.fixture(scope="module")
 def run(spark, stack_config, tmp_path_factory):
-    config, tag = own_topics(stack_config, "fallback")
-    config = config.with_overrides(capture="log-only")
-    topic = f"orders-{tag}"
-    ensure_topics(config.bootstrap, [topic], 2)
     events = data.order_events(ORDERS, malformed_every=31)
-    coordinates = data.produce(config.bootstrap, topic, events)
-    sink, _ = run_pipeline(spark, config, tmp_path_factory.mktemp("fallback"), topic,
-                           end_offsets(topic, coordinates), say=print, max_per_batch=120)
-    index(config)
+    config, topic, coordinates, sink, query = log_only_stream(spark, stack_config, tmp_path_factory.mktemp("fallback"),
+                                                              "orders", events, 2, 120)
     rows = spark.read.parquet(sink).select("order_id", "_hw_rid").collect()
-    return config, rows, demo_lineage(topic, events, coordinates, data.customers())
+    # Each event's record: (topic, partition, offset), the batch that read it, whether it is garbage.
+    read = records_read(query)
+    records = [((topic, partition, offset), read[topic, partition, offset], parse(value) is None)
+               for (_, value), (partition, offset) in zip(events, coordinates)]
+    return config, rows, demo_lineage(topic, events, coordinates, data.customers()), records
 
 
 def test_every_row_of_an_uncaptured_stream_gets_its_lineage_inferred(run):
-    config, rows, expected = run
+    config, rows, expected, _ = run
     assert sorted(r.order_id for r in rows) == sorted(expected)
     with LineageClient(config) as client:
         for row in rows:
@@ -51,12 +68,144 @@ def test_every_row_of_an_uncaptured_stream_gets_its_lineage_inferred(run):
         assert customer.dataset == "customers" and customer.key is not None
 
 
+def test_every_input_row_of_an_uncaptured_stream_gets_its_forward_lineage_inferred(run):
+    config, rows, expected, records = run
+    derived = derived_from(expected)
+    order_of = {r._hw_rid: r.order_id for r in rows}
+    # Asked among them: garbage records and valid ones the stream filtered out, each with an empty answer.
+    assert any(garbage for _, _, garbage in records)
+    assert any(not garbage and ("kafka", *record) not in derived for record, _, garbage in records)
+    with LineageClient(config) as client:
+        for record, batch, _ in records:
+            answer = client.forward(kafka_rid(*record))
+            assert {order_of[x.rid] for x in answer} == derived.get(("kafka", *record), set()), record
+            assert all(x.via == "inference" and x.exact and x.kind == "output" and x.dataset == "enriched_orders"
+                       and x.batches == [batch] for x in answer), record
+            assert [(g.query, g.batch, g.status) for g in answer.gaps] == [("enriched_orders", batch, "log-only")]
+            assert not answer.complete
+    # Every customers row: read by every batch, so every batch is a gap of its answer. Asked of this
+    # stream's own store: the session's graph holds other streams' customers rows, of the same rids.
+    batches = sorted({batch for _, batch, _ in records})
+    with LineageClient(config, backend="csprov") as client:
+        for customer in data.customers():
+            key = str(customer["customer_id"])
+            answer = client.forward(table_rid("customers", key))
+            assert {order_of[x.rid] for x in answer} == derived.get(("table", "customers", key), set()), key
+            assert all(x.via == "inference" and x.exact for x in answer)
+            assert [g.batch for g in answer.gaps] == batches
+        # As from edges: to the query's own rows by name, and attribute level over the sink's columns
+        # (order_id, customer_id, name, region, amount_eur, event_time; names and regions from customers).
+        record = kafka_rid(*next(r for r, _, _ in records if ("kafka", *r) in derived))
+        answer = [x.to_dict() for x in client.forward(record)]
+        assert answer and [x.to_dict() for x in client.forward(record, to="enriched_orders")] == answer
+        assert [x.to_dict() for x in client.forward(record, cols=0b000001)] == answer
+        assert not client.forward(record, cols=0b001100) and all(x["cols"] == 0b110011 for x in answer)
+
+
 def test_what_inference_cannot_answer_is_a_clear_error(run):
-    config, rows, _ = run
+    config, rows, _, records = run
     with LineageClient(config) as client:
         with pytest.raises(LineageError, match="to sources only"):
             client.backward(rows[0]._hw_rid, to="output")
+        with pytest.raises(LineageError, match="to their output rows only"):
+            client.forward(kafka_rid(*records[0][0]), to="source")
         with pytest.raises(UnknownRow):
             client.backward(random.Random(3).getrandbits(62))
         with pytest.raises(UnknownRow):
-            client.forward(rows[0]._hw_rid)  # forward from an uncaptured row: nothing to walk, nothing inferred
+            client.forward(random.Random(3).getrandbits(62))  # read by no batch
+        with pytest.raises(UnknownRow):
+            client.forward(rows[0]._hw_rid)  # a sink row: no query reads the sink, nothing derives from it
+
+
+@pytest.fixture(scope="module")
+def twins(spark, stack_config, tmp_path_factory):
+    """A log-only stream of a few orders, one of them sent three times over: three equal output rows."""
+    events = data.order_events(12)
+    kept = demo_lineage("any", events, [(0, i) for i in range(len(events))], data.customers())  # order_id → lineage
+    twin = next(event for event in events if json.loads(event[1])["order_id"] in kept)
+    events += [twin, twin]
+    config, topic, coordinates, sink, query = log_only_stream(spark, stack_config, tmp_path_factory.mktemp("twins"),
+                                                              "twins", events, 1, 100)
+    read = records_read(query)
+    # Each record, the batch that read it, the order_ids the oracle derives from it (not for the twins:
+    # the oracle keeps one record per order_id), and whether it is a twin.
+    derived = derived_from(demo_lineage(topic, events, coordinates, data.customers()))
+    records = [((topic, p, o), read[topic, p, o], derived.get(("kafka", topic, p, o), set()), event == twin)
+               for event, (p, o) in zip(events, coordinates)]
+    return config, sink, records, json.loads(twin[1])["order_id"]
+
+
+def test_equal_output_rows_and_a_changed_sink_are_answered_as_flagged_supersets(twins):
+    config, sink, records, twin = twins
+    rows = ds.dataset(sink, format="parquet").to_table(columns=["order_id", "_hw_rid"]).to_pylist()
+    order_of = {r["_hw_rid"]: r["order_id"] for r in rows}
+    twin_rows = {r["_hw_rid"] for r in rows if r["order_id"] == twin}
+    assert len(twin_rows) == 3
+    with LineageClient(config) as client:
+        for record, batch, expected, is_twin in records:
+            answer = client.forward(kafka_rid(*record))
+            if is_twin:  # which of the three equal rows is this record's, nothing tells: all three, none exact
+                assert {x.rid for x in answer} == twin_rows and not any(x.exact for x in answer), record
+            else:
+                assert {order_of[x.rid] for x in answer} == expected and all(x.exact for x in answer), record
+            assert [g.batch for g in answer.gaps] == [batch] and not answer.complete
+    # A sink file changed after its batch wrote it: the replay no longer gives the batch's rows,
+    # so every row the batch wrote is answered, none of them exact.
+    record, batch, _, _ = next(r for r in records if r[2] and not r[3])
+    files = sorted(f for f in Path(sink).iterdir() if f.name.startswith("part-hw-") and int(f.name.split("-")[2]) == batch)
+    changed = next(f for f in files if pq.read_metadata(f).num_rows)
+    pq.write_table(pq.read_table(changed).slice(1), changed)
+    left = {rid for f in files for rid in pq.read_table(f, columns=["_hw_rid"])["_hw_rid"].to_pylist()}
+    with LineageClient(config) as client:
+        answer = client.forward(kafka_rid(*record))
+    assert {x.rid for x in answer} == left and not any(x.exact for x in answer)
+    assert [g.batch for g in answer.gaps] == [batch]
+
+
+@pytest.fixture(scope="module")
+def keyless(spark, stack_config, tmp_path_factory):
+    """A log-only stream of a hundred orders whose customers table has no declared key, so that
+    capture names its rows by their whole content; and each customers row's rid by customer_id,
+    as capture computes it: Spark's ``xxhash64`` of the row's columns."""
+    from pyspark.sql import functions as F
+
+    config, tag = own_topics(stack_config, "keyless")
+    config = config.with_overrides(capture="log-only")
+    topic = f"keyless-{tag}"
+    ensure_topics(config.bootstrap, [topic], 2)
+    events = data.order_events(100, seed=13)
+    coordinates = data.produce(config.bootstrap, topic, events)
+    workdir = tmp_path_factory.mktemp("keyless")
+    sink, query = run_pipeline(spark, config, workdir, topic, end_offsets(topic, coordinates), say=print,
+                               max_per_batch=40, keys={})
+    index(config)
+    rows = spark.read.parquet(sink).select("order_id", "_hw_rid").collect()
+    customers = spark.read.parquet(str(workdir / "customers.parquet"))
+    content = F.xxhash64(F.lit("table"), F.lit("customers"), *[F.col(c) for c in customers.columns])
+    named = dict(customers.select("customer_id", content).collect())
+    read = records_read(query)
+    return config, rows, demo_lineage(topic, events, coordinates, data.customers()), named, sorted(set(read.values()))
+
+
+def test_rows_of_a_table_without_a_declared_key_get_captures_rids_by_inference(keyless):
+    config, rows, expected, named, batches = keyless
+    assert sorted(r.order_id for r in rows) == sorted(expected)
+    customer_of = {rid: str(customer_id) for customer_id, rid in named.items()}
+    assert len(customer_of) == len(data.customers())
+    with LineageClient(config) as client:
+        for row in rows:
+            answer = client.backward(row._hw_rid)
+            found = {("table", "customers", customer_of.get(x.rid, f"rid {x.rid}")) if x.dataset == "customers"
+                     else as_input(x) for x in answer}
+            assert found == expected[row.order_id], row.order_id
+            (customer,) = (x for x in answer if x.dataset == "customers")
+            assert customer.key is None and customer.via == "inference" and customer.exact and customer.kind == "source"
+    # Forward from each customers row, by the rid capture gives it: the orders joined to it, in every batch.
+    derived = derived_from(expected)
+    order_of = {r._hw_rid: r.order_id for r in rows}
+    with LineageClient(config, backend="csprov") as client:
+        for customer_id, rid in named.items():
+            answer = client.forward(rid)
+            assert {order_of[x.rid] for x in answer} == derived.get(("table", "customers", str(customer_id)), set())
+            assert all(x.via == "inference" and x.exact for x in answer)
+            assert [g.batch for g in answer.gaps] == batches

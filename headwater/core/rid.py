@@ -6,11 +6,16 @@ exact twin in plain Python, so the query tier can turn source coordinates into r
 
 Spark's ``xxhash64(c1, c2, …)`` chains XXH64 over its arguments, each argument's hash
 seeding the next, starting from seed 42; strings hash as their UTF-8 bytes, ints as 4
-little-endian bytes, longs as 8. Nulls are skipped.
+little-endian bytes, longs as 8. Nulls are skipped. ``table_row_rid`` follows Spark's
+rules for every other flat column type, for rows named by their whole content.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import math
+import re
 import struct
 
 # Namespaces: the first hashed value of every rid, so rows of different kinds never
@@ -33,6 +38,10 @@ _P2 = 0xC2B2AE3D27D4EB4F
 _P3 = 0x165667B19E3779F9
 _P4 = 0x85EBCA77C2B2AE63
 _P5 = 0x27D4EB2F165667C5
+# Their inverses modulo 2**64, to undo a multiplication (``kafka_offset``).
+_P1_INVERSE = pow(_P1, -1, 1 << 64)
+_P2_INVERSE = pow(_P2, -1, 1 << 64)
+_P3_INVERSE = pow(_P3, -1, 1 << 64)
 
 
 def _rotl(x: int, r: int) -> int:
@@ -128,6 +137,27 @@ def kafka_rid(topic: str, partition: int, offset: int) -> int:
     return spark_xxhash64(KAFKA, topic, Int(partition), offset)
 
 
+def kafka_offset(rid: int, topic: str, partition: int) -> int:
+    """The one offset whose record in ``topic``/``partition`` has rid ``rid`` (``kafka_rid`` undone).
+
+    ``kafka_rid``'s last step is XXH64 of the offset's 8 bytes, seeded by the hash of the
+    rest, and each of its steps is a bijection of 64-bit words (odd multipliers, rotations,
+    xor-shifts): undone in reverse they give the offset, so whether a batch read a record
+    is a check of its offset ranges, not a scan. The offset may lie outside any range read
+    (a rid of another partition, or of no Kafka record, still maps to some offset).
+    """
+    seed = spark_xxhash64(KAFKA, topic, Int(partition)) & _M
+    h = rid & _M
+    h ^= h >> 32
+    h = (h * _P3_INVERSE) & _M
+    h ^= (h >> 29) ^ (h >> 58)
+    h = (h * _P2_INVERSE) & _M
+    h ^= h >> 33
+    h = _rotl(((h - _P4) * _P1_INVERSE) & _M, 64 - 27)
+    lane = h ^ ((seed + _P5 + 8) & _M)  # _round(0, offset)
+    return _signed((_rotl((lane * _P1_INVERSE) & _M, 64 - 31) * _P2_INVERSE) & _M)
+
+
 def table_rid(table: str, key: str | tuple[str, ...]) -> int:
     """The rid of the row of static table ``table`` whose key (as text) is ``key``.
 
@@ -135,6 +165,148 @@ def table_rid(table: str, key: str | tuple[str, ...]) -> int:
     """
     text = key if isinstance(key, str) else KEY_SEPARATOR.join(key)
     return spark_xxhash64(TABLE, table, text)
+
+
+class UnhashableType(TypeError):
+    """A column type whose Spark hash this module does not reproduce: no rid is given for it."""
+
+
+_EPOCH_DAY = datetime.date(1970, 1, 1)
+_EPOCH = datetime.datetime(1970, 1, 1)
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(-?\d+)\)")
+_MAX_LONG_DIGITS = 18  # Spark's Decimal.MAX_LONG_DIGITS: up to it, a decimal hashes as its unscaled long
+# Type names as ``DataFrame.dtypes`` gives them, where a logged plan names them otherwise.
+_SIMPLE_NAMES = {"tinyint": "byte", "smallint": "short", "int": "integer", "bigint": "long"}
+_INTS = frozenset({"byte", "short", "integer"})
+_LONGS = frozenset({"long", "timestamp", "timestamp_ntz"})
+_EXACT = decimal.Context(prec=200)  # wider than any decimal(38, s) times 10**38
+
+
+def table_row_rid(table: str, values, dtypes) -> int:
+    """The rid capture gives a row of static table ``table`` without a declared key.
+
+    Capture hashes the row's whole content, ``xxhash64('table', table, c1, c2, …)`` over
+    its columns in order; ``values`` are the row's values and ``dtypes`` their Spark types
+    as a logged plan names them (``integer``, ``decimal(15,2)``…, or ``int``, ``bigint``…
+    as ``DataFrame.dtypes`` does). As Spark hashes them:
+    NULL leaves the hash as it is; boolean as the int 1 or 0; byte, short, int and date
+    (days since 1970-01-01) as ints; long, timestamp and timestamp_ntz (microseconds since
+    1970-01-01 00:00, UTC for timestamps) as longs; float and double as their IEEE bits,
+    -0.0 as 0.0 and every NaN as Java's one NaN (``floatToIntBits``, ``doubleToLongBits``);
+    string as its UTF-8 bytes, binary as its bytes; a decimal of precision up to 18 as its
+    unscaled long, a wider one as the unscaled integer's two's-complement big-endian bytes
+    (Java's ``BigInteger.toByteArray``).
+
+    NULL is ``None``, pandas' ``NA`` or ``NaT``, or, outside float and double columns, a
+    NaN. In a float or double column a NaN is a NaN, which Spark hashes: values read
+    without loss are pyarrow's (``to_pylist``) or pandas' with ``dtype_backend="pyarrow"``;
+    pandas' default reading turns NULLs of float columns into NaN and nullable longs into
+    floats, which lose digits past 2**53. A type not listed above (array, struct, map,
+    interval, a collated string…) raises ``UnhashableType``, whatever the values.
+    """
+    if len(values) != len(dtypes):
+        raise ValueError(f"{len(values)} values for {len(dtypes)} column types")
+    return _row_hash(table, dtypes)(values)
+
+
+def table_row_rids(table: str, columns, dtypes) -> list[int]:
+    """``table_row_rid`` of every row of a table given by its ``columns`` (each a sequence of values)."""
+    if len(columns) != len(dtypes):
+        raise ValueError(f"{len(columns)} columns for {len(dtypes)} column types")
+    row_hash = _row_hash(table, dtypes)
+    return [row_hash(values) for values in zip(*columns)]
+
+
+def _row_hash(table: str, dtypes):
+    dtypes = [_SIMPLE_NAMES.get(dtype, dtype) for dtype in dtypes]
+    hashers = list(zip(dtypes, [_hasher(dtype) for dtype in dtypes]))
+    seed = spark_xxhash64(TABLE, table) & _M
+
+    def row_hash(values) -> int:
+        h = seed
+        for value, (dtype, hasher) in zip(values, hashers):
+            if not _is_null(value, dtype):
+                h = xxh64(hasher(value), h)
+        return _signed(h)
+    return row_hash
+
+
+def _is_null(value, dtype: str) -> bool:
+    if value is None:
+        return True
+    try:
+        unequal = bool(value != value)  # NaN, NaT
+    except TypeError:  # pandas' NA is neither equal nor unequal to itself
+        return True
+    return unequal and dtype not in ("float", "double")
+
+
+def _hasher(dtype: str):
+    """The bytes Spark's XXH64 reads for a value of ``dtype``."""
+    if dtype == "boolean":
+        return lambda v: struct.pack("<i", 1 if v else 0)
+    if dtype in _INTS:
+        return lambda v: struct.pack("<i", int(v))
+    if dtype == "long":
+        return lambda v: struct.pack("<q", int(v))
+    if dtype == "date":
+        return lambda v: struct.pack("<i", _days(v))
+    if dtype in _LONGS:
+        return lambda v: struct.pack("<q", _micros(v))
+    if dtype == "float":
+        return lambda v: struct.pack("<i", _float_bits(float(v), "<f", "<i", 0x7FC00000))
+    if dtype == "double":
+        return lambda v: struct.pack("<q", _float_bits(float(v), "<d", "<q", 0x7FF8000000000000))
+    if dtype == "string":
+        return lambda v: v.encode("utf-8")
+    if dtype == "binary":
+        return bytes
+    match = _DECIMAL.fullmatch(dtype or "")
+    if match:
+        precision, scale = int(match.group(1)), int(match.group(2))
+        if precision <= _MAX_LONG_DIGITS:
+            return lambda v: struct.pack("<q", _unscaled(v, scale))
+        return lambda v: _big_endian(_unscaled(v, scale))
+    raise UnhashableType(f"no rid twin for Spark type {dtype or 'unknown (a nested type)'!r}: rows of a table "
+                         f"with such a column are named by capture with a hash this module does not reproduce")
+
+
+def _float_bits(v: float, float_format: str, int_format: str, nan: int) -> int:
+    if math.isnan(v):
+        return nan  # Java's canonical NaN: floatToIntBits and doubleToLongBits fold every NaN to it
+    if v == 0.0:
+        return 0  # Spark hashes -0.0 as 0.0
+    return struct.unpack(int_format, struct.pack(float_format, v))[0]
+
+
+def _days(v) -> int:
+    if isinstance(v, datetime.datetime):
+        v = v.date()
+    elif not isinstance(v, datetime.date):  # numpy's datetime64
+        return int(v.astype("datetime64[D]").astype("int64"))
+    return (v - _EPOCH_DAY).days
+
+
+def _micros(v) -> int:
+    if isinstance(v, datetime.datetime):  # pandas' Timestamp too; Spark keeps no nanoseconds
+        if v.tzinfo is not None:
+            v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+        delta = v - _EPOCH
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return int(v.astype("datetime64[us]").astype("int64"))  # numpy's datetime64
+
+
+def _unscaled(v, scale: int) -> int:
+    """The decimal ``v`` as the integer Spark stores at ``scale``: ``v`` × 10**scale, which must be whole."""
+    unscaled = _EXACT.scaleb(decimal.Decimal(v), scale)
+    if unscaled != unscaled.to_integral_value():
+        raise ValueError(f"{v} has more than {scale} decimal places")
+    return int(unscaled)
+
+
+def _big_endian(n: int) -> bytes:
+    """Java's ``BigInteger.toByteArray``: the fewest two's-complement big-endian bytes, sign bit included."""
+    return n.to_bytes((n + (n < 0)).bit_length() // 8 + 1, "big", signed=True)
 
 
 def file_rid(path: str, position: int) -> int:

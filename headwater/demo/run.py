@@ -100,8 +100,12 @@ def run_until(query, until: dict[str, int], say: Callable[[str], None], timeout_
 
 
 def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: dict[str, int],
-                 say: Callable[[str], None], max_per_batch: int = 400):
-    """Run the traced demo pipeline until it has read ``until``; returns (sink path, query)."""
+                 say: Callable[[str], None], max_per_batch: int = 400, keys: dict | None = None):
+    """Run the traced demo pipeline until it has read ``until``; returns (sink path, query).
+
+    ``keys``: the static tables' declared keys (``Tracer.trace``), customer_id by default;
+    ``{}`` names customers rows by their whole content.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -117,7 +121,7 @@ def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: dict[s
     df = enriched_orders(spark, config.bootstrap, topic, str(customers_path), max_per_batch)
     sink = str(workdir / f"enriched_orders-{topic}")
     query = (
-        tracer.trace(df, name="enriched_orders", keys={"customers": "customer_id"})
+        tracer.trace(df, name="enriched_orders", keys={"customers": "customer_id"} if keys is None else keys)
         .writeStream.format("parquet")
         .option("checkpointLocation", str(workdir / f"checkpoint-{topic}"))
         .trigger(processingTime="500 milliseconds")
