@@ -105,14 +105,26 @@ def bench_stack(app: str):
             stack.down()
 
 
-def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args) -> tuple[list[float], float]:
-    """Run one query of the reference stream for ``args.batches`` batches; its durations after the first."""
+def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args) \
+        -> tuple[list[float], float, dict[str, float]]:
+    """Run one query of the reference stream for ``args.batches`` batches: its durations after
+    the first, its seconds, and (traced) the milliseconds ``trace`` took and, of those, the
+    optimizer's run for the log-only fallback's plan (once per query, not per batch)."""
     from headwater.capture import attach
+    from headwater.capture.spark_plan import optimized_records
 
     tracer = attach(spark, config) if mode != "bare" else None
+    once: dict[str, float] = {}
     try:
         df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), args.rows_per_batch)
-        source = tracer.trace(df, name=f"bench-{tag}", keys={"customers": "customer_id"}) if mode == "on" else df
+        source = df
+        if mode == "on":
+            t0 = time.monotonic()
+            optimized_records(df)
+            once["optimized_plan_ms"] = 1000 * (time.monotonic() - t0)
+            t0 = time.monotonic()
+            source = tracer.trace(df, name=f"bench-{tag}", keys={"customers": "customer_id"})
+            once["trace_ms"] = 1000 * (time.monotonic() - t0)
         interval_ms = round(1000 * args.rows_per_batch / args.offered)
         query = (source.writeStream.format("parquet").outputMode(output_mode)
                  .option("checkpointLocation", str(workdir / f"cp-{tag}"))
@@ -132,7 +144,7 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
         if tracer is not None:
             tracer.close()
     durations = [p.durationMs["triggerExecution"] for p in query.recentProgress if p.numInputRows]
-    return durations[1:args.batches], elapsed
+    return durations[1:args.batches], elapsed, once
 
 
 def summary(off: list[float], on: list[float]) -> dict:
@@ -157,15 +169,18 @@ def main(argv=None) -> None:
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     durations = {(shape, mode): [] for shape in SHAPES for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)
+    once: dict[str, list[float]] = {"trace_ms": [], "optimized_plan_ms": []}
     with bench_stack("headwater-bench") as (home, config, spark):
         for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
             for shape in SHAPES:
                 for mode in MODES:
                     tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
-                    got, elapsed = run_once(spark, config, home, shape, mode, tag, args)
+                    got, elapsed, costs = run_once(spark, config, home, shape, mode, tag, args)
                     if round_ >= 0:
                         durations[(shape, mode)].extend(got)
                         seconds[mode] += elapsed
+                        for name, ms in costs.items():
+                            once[name].append(ms)
                     say(f"round {round_} {shape} {mode}: median {statistics.median(got):.0f} ms, "
                         f"run {elapsed:.1f} s")
 
@@ -194,6 +209,12 @@ def main(argv=None) -> None:
         "user_job_ms_per_batch": round(1000 * user_jobs / traced_batches, 1),
         "capture_job_ms_per_batch": round(1000 * capture_jobs / traced_batches, 1),
         "capture_task_ms_per_batch": round(1000 * capture_tasks / traced_batches, 1),
+        # Once per traced query, at ``trace``: its whole cost, and the optimizer's share (the
+        # plan the log-only fallback infers from), beside one traced batch's median.
+        "trace_ms_median": round(statistics.median(once["trace_ms"]), 1),
+        "optimized_plan_ms_median": round(statistics.median(once["optimized_plan_ms"]), 1),
+        "optimized_plan_per_batch": round(statistics.median(once["optimized_plan_ms"]) / statistics.median(pooled["on"]),
+                                          3),
         "edges_per_s": round(edges / seconds["on"], 1),
         "bytes_per_edge": round(size / edges, 1) if edges else None,
         "queries": {shape: summary(durations[(shape, "off")], durations[(shape, "on")]) for shape in SHAPES},
