@@ -94,6 +94,30 @@ def _map(fn, a: pd.Series, frame: pd.DataFrame, dtype=object) -> pd.Series:
     return _series(values, ok, frame, dtype)
 
 
+def _member(a: pd.Series, values, frame: pd.DataFrame) -> pd.Series:
+    """Whether each value lies in ``values`` (compared by ``value_key``), NULL for NULL;
+    decided once per distinct value, since a column repeats its keys."""
+    ok = ~_isnull(a)
+    found = np.full(len(frame), None, dtype=object)
+    if ok.any():
+        codes, distinct = distinct_values(a[ok].to_numpy(dtype=object))
+        member = np.array([value_key(v) in values for v in distinct] + [False], dtype=bool)
+        found[np.flatnonzero(ok)] = member[codes]  # code -1 (a NaN-like value): the appended False
+    return _series(found, ok, frame, "boolean")
+
+
+def distinct_values(items: np.ndarray) -> tuple[np.ndarray, list]:
+    """(each item's position among the distinct items, -1 for None and NaN; the distinct items).
+
+    Python's equality decides what is distinct (1, 1.0 and Decimal('1') are one), which
+    ``value_key`` agrees with; items that cannot be hashed stay each their own."""
+    try:
+        codes, distinct = pd.factorize(items)
+        return codes, list(distinct)
+    except TypeError:
+        return np.arange(len(items)), list(items)
+
+
 def objects(items: list) -> np.ndarray:
     """A list as a 1-d object array, even when its items are sequences themselves."""
     out = np.empty(len(items), dtype=object)
@@ -149,7 +173,7 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         items = [_eval(x, frame, bind) for x in e.args[1:]]
         if all(x.op in ("lit", "param") for x in e.args[1:]):
             values = {value_key(s.iloc[0]) for s in items if len(s) and not pd.isna(s.iloc[0])}
-            return _map(lambda v: value_key(v) in values, a, frame, "boolean")
+            return _member(a, values, frame)
         out = pd.Series(False, index=frame.index, dtype="boolean")
         for s in items:
             out = out | _elementwise(_compare(operator.eq), a, s, frame, "boolean")
@@ -158,8 +182,7 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         values = bind.sets.get(e.value)
         if values is None:
             raise Unevaluable(f"no values bound for the set @{e.value}")
-        a = _eval(e.args[0], frame, bind)
-        return _map(lambda v: value_key(v) in values, a, frame, "boolean")
+        return _member(_eval(e.args[0], frame, bind), values, frame)
     if op == "tuple":  # a composite key: NULL when any part is
         parts = [_eval(x, frame, bind) for x in e.args]
         ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
@@ -309,8 +332,13 @@ def _case(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
     return pd.Series(values, index=frame.index, dtype=object)
 
 
+_ITSELF = (int, str, bool, datetime.date)  # exactly these types: subclasses (numpy's, pandas') are converted
+
+
 def value_key(v):
     """A value as set members and join keys compare: Spark compares 1 and 1.0 and Decimal('1.0') equal; so must sets."""
+    if type(v) in _ITSELF:
+        return v
     if isinstance(v, tuple):
         return tuple(value_key(x) for x in v)
     if isinstance(v, (float, np.floating)) and not np.isfinite(v):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .evaluate import Binding, Unevaluable, holds, value_key
+from .evaluate import Binding, Unevaluable, distinct_values, holds, objects, value_key
 from .expr import TRUE, Expr, cmp, col, conj, conjuncts, param, set_vars
 from .operators import Join, Plan, Relation, Unknown
 from .pushdown import Pushed, parse_var, push_down, push_up
@@ -161,8 +161,9 @@ def infer(plan: Plan, values: list, tables: Tables, replay: bool = True, prepare
         for var in wanted:
             relation, attrs = parse_var(var)
             columns = [frames[relation][a].to_numpy(dtype=object)[candidates[relation]] for a in attrs]
-            values = columns[0] if len(attrs) == 1 else zip(*columns)
-            bind.sets[var] = frozenset(value_key(v) for v in values
+            values = columns[0] if len(attrs) == 1 else objects(list(zip(*columns)))
+            _, distinct = distinct_values(values)
+            bind.sets[var] = frozenset(value_key(v) for v in distinct
                                        if v is not None and not (isinstance(v, tuple) and None in v))
 
     bind_values()
