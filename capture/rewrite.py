@@ -73,9 +73,10 @@ class TracedSource:
     key: tuple[str, ...]  # declared key columns of a static table, empty for a content hash
     location: dict | None  # {"paths": [...], "format": ...} of a file-backed table or stream
     stateful: bool = False  # a black box whose outputs may derive from earlier batches' inputs
+    hashed: tuple[str, ...] = ()  # a static table without a key: the columns its rows' rids hash, in order
 
     def to_dict(self) -> dict:
-        return {**self.__dict__, "key": list(self.key)}
+        return {**self.__dict__, "key": list(self.key), "hashed": list(self.hashed)}
 
 
 def _static_key(df: DataFrame, key: tuple[str, ...]) -> Column:
@@ -104,7 +105,8 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
             text = F.lit(None).cast("string")
             rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), *[F.col(f"`{c}`") for c in df.columns])
         struct = F.struct(rid.alias("rid"), text.alias("key"))
-        return struct.alias(name), TracedSource(node.id, name, "static", table, key, node.detail.get("location"))
+        return struct.alias(name), TracedSource(node.id, name, "static", table, key, node.detail.get("location"),
+                                                hashed=() if key else tuple(df.columns))
     if kind == "rate":
         rid = F.xxhash64(F.lit(rids.RATE), F.col("value"))
         struct = F.struct(rid.alias("rid"), F.col("value").cast("string").alias("key"))

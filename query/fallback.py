@@ -60,6 +60,7 @@ class Fallback:
         self._prepared: dict[str, Prepared] = {}
         self._static: dict[tuple, tuple[pa.Table, pd.DataFrame]] = {}
         self._content_rids: dict[tuple, np.ndarray] = {}
+        self._hashed: dict[tuple, tuple[str, ...]] = {}  # a keyless table's paths → the columns capture hashed
 
     def plan(self, query: str, batch: int) -> tuple[Plan, dict]:
         """The plan batch ``batch`` of ``query`` ran, and what capture logged beside it."""
@@ -169,6 +170,7 @@ class Fallback:
             if source is None:
                 raise LineageError(f"the plan reads {relation.location['paths']}, which capture did not log as a "
                                    f"static table")
+            self._hashed[tuple(relation.location["paths"])] = tuple(source.get("hashed") or ())
             return self._files(relation.location)[1], ("table", source["dataset"], tuple(source.get("key") or ()))
         raise LineageError(f"cannot read back the rows of {relation.spark_class} (columns {sorted(names)}): "
                            f"only Kafka topics and file-backed static tables")
@@ -181,7 +183,13 @@ class Fallback:
         pandas reads NULLs of float columns as NaN, which hashes otherwise, and nullable longs
         as floats, which lose digits.
         """
-        columns = tuple((a.name, a.dtype) for a in relation.output)
+        types = {a.name: a.dtype for a in relation.output}
+        hashed = self._hashed.get(tuple(relation.location["paths"])) or tuple(types)  # as capture logged them
+        unknown = [name for name in hashed if name not in types]
+        if unknown:
+            raise LineageError(f"static table {dataset!r} has no declared key and its rows' rids hash the columns "
+                               f"{unknown}, which the plan's relation does not read (declare keys= in Tracer.trace)")
+        columns = tuple((name, types[name]) for name in hashed)
         cache = (tuple(relation.location["paths"]), dataset, columns)
         if cache not in self._content_rids:
             table = self._files(relation.location)[0]

@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from headwater.adapters.kafka import ensure_topics
-from headwater.core.rid import kafka_rid, table_rid
+from headwater.core.rid import kafka_rid, table_rid, table_row_rid
 from headwater.demo import orders as data
 from headwater.demo.run import end_offsets, run_pipeline
+from headwater.indexer.plans import PlanStore
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError, UnknownRow
 
@@ -26,7 +27,8 @@ from .oracle import as_input, demo_lineage, derived_from, parse
 ORDERS = 300
 
 
-def log_only_stream(spark, stack_config, folder, name: str, events: list, partitions: int, max_per_batch: int):
+def log_only_stream(spark, stack_config, folder, name: str, events: list, partitions: int, max_per_batch: int,
+                    keys: dict | None = None):
     """The demo over ``events`` with capture off, indexed: (config, topic, coordinates, sink, query)."""
     config, tag = own_topics(stack_config, name)
     config = config.with_overrides(capture="log-only")
@@ -34,7 +36,7 @@ def log_only_stream(spark, stack_config, folder, name: str, events: list, partit
     ensure_topics(config.bootstrap, [topic], partitions)
     coordinates = data.produce(config.bootstrap, topic, events)
     sink, query = run_pipeline(spark, config, folder, topic, end_offsets(topic, coordinates), say=print,
-                               max_per_batch=max_per_batch)
+                               max_per_batch=max_per_batch, keys=keys)
     index(config)
     return config, topic, coordinates, sink, query
 
@@ -169,18 +171,16 @@ def keyless(spark, stack_config, tmp_path_factory):
     as capture computes it: Spark's ``xxhash64`` of the row's columns."""
     from pyspark.sql import functions as F
 
-    config, tag = own_topics(stack_config, "keyless")
-    config = config.with_overrides(capture="log-only")
-    topic = f"keyless-{tag}"
-    ensure_topics(config.bootstrap, [topic], 2)
     events = data.order_events(100, seed=13)
-    coordinates = data.produce(config.bootstrap, topic, events)
     workdir = tmp_path_factory.mktemp("keyless")
-    sink, query = run_pipeline(spark, config, workdir, topic, end_offsets(topic, coordinates), say=print,
-                               max_per_batch=40, keys={})
-    index(config)
+    config, topic, coordinates, sink, query = log_only_stream(spark, stack_config, workdir, "keyless", events, 2, 40,
+                                                              keys={})
     rows = spark.read.parquet(sink).select("order_id", "_hw_rid").collect()
     customers = spark.read.parquet(str(workdir / "customers.parquet"))
+    # Capture logs the columns it hashed: the fallback hashes those, whatever the plan reads.
+    (source,) = (s for s in PlanStore(config.store_path(), config.log_topic).latest("enriched_orders")["sources"]
+                 if s["source"] == "static")
+    assert source["key"] == [] and source["hashed"] == customers.columns
     content = F.xxhash64(F.lit("table"), F.lit("customers"), *[F.col(c) for c in customers.columns])
     named = dict(customers.select("customer_id", content).collect())
     read = records_read(query)
@@ -209,3 +209,22 @@ def test_rows_of_a_table_without_a_declared_key_get_captures_rids_by_inference(k
             assert {order_of[x.rid] for x in answer} == derived.get(("table", "customers", str(customer_id)), set())
             assert all(x.via == "inference" and x.exact for x in answer)
             assert [g.batch for g in answer.gaps] == batches
+
+
+def test_a_keyless_table_whose_rids_cannot_be_reproduced_is_a_clear_error(tmp_path):
+    import pyarrow as pa
+
+    from headwater.core.config import Config
+    from headwater.core.plan import Attr
+    from headwater.query.fallback import Fallback
+    from headwater.query.infer.operators import Relation
+
+    pq.write_table(pa.table({"id": [1, 2], "tags": [["a"], []]}), tmp_path / "tagged.parquet")
+    location = {"paths": [f"file:{tmp_path / 'tagged.parquet'}"], "format": "parquet"}
+    # A logged plan names a nested type by no string (``operators._attr``: "").
+    relation = Relation(0, "Relation", [Attr("id", 1, "long"), Attr("tags", 2, "")], location=location)
+    fallback = Fallback(Config(store_dir=str(tmp_path / "store")))
+    with pytest.raises(LineageError, match="no declared key.*declare keys="):
+        fallback.content_rids(relation, "tagged")
+    flat = Relation(0, "Relation", [Attr("id", 1, "long")], location=location)
+    assert fallback.content_rids(flat, "tagged").tolist() == [table_row_rid("tagged", [i], ["long"]) for i in (1, 2)]
