@@ -117,6 +117,8 @@ class LineageClient:
         self.timeout_s = timeout_s
         self._backends: dict[str, WalkingBackend] = {}
         self._making = threading.Lock()  # questions from several threads make each backend once
+        # Inference keeps plans, tables and replays between questions, unlocked: one question at a time.
+        self._inferring = threading.Lock()
         self._fallback: Fallback | None = None
         self._forward: Forward | None = None
 
@@ -193,8 +195,9 @@ class LineageClient:
         try:
             backend = self._holding(rid)
         except UnknownRow:
-            inferred = self._inferred(rid, to, payload, deadline) if backward else \
-                self._inferred_forward(rid, to, cols, payload, deadline)
+            with self._inferring:
+                inferred = self._inferred(rid, to, payload, deadline) if backward else \
+                    self._inferred_forward(rid, to, cols, payload, deadline)
             if inferred is None:
                 raise
             return inferred
