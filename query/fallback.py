@@ -9,11 +9,9 @@ the row derives from. Every record found says ``via: inference`` and whether it 
 
 Each row found gets the rid capture gives it: a Kafka record's from its coordinates, a
 static table row's from its declared key, or, without one, from its whole content over
-the relation's columns (``rid.table_row_rid``, Spark's hash reproduced). That is capture's
-rid when capture hashed those columns: a table read whole, as ``spark.read.parquet`` or
-``spark.table`` give it. A keyless table the query narrows before the stream meets it
-(``spark.read.parquet(p).select(…)``) was hashed over fewer columns, which the logged
-plan does not tell; its rows' rids are not capture's (declare its key).
+the columns capture logged it hashed (``hashed`` in the plan log's sources; the
+relation's columns for plans logged before capture logged them), Spark's hash
+reproduced (``rid.table_row_rids``).
 
 Sources the plan reads that this module cannot read back (a file stream, a rate source)
 or a plan not kept make the question fail with a clear error, never a guess.
@@ -177,7 +175,7 @@ class Fallback:
 
     def content_rids(self, relation: Relation, dataset: str) -> np.ndarray:
         """The rids capture gives the rows of a static table without a declared key, in the order
-        ``relation_rows`` reads them: each hashes its row's values over the relation's columns.
+        ``relation_rows`` reads them: each hashes its row's values over the columns capture hashed.
 
         The values are read from the files anew with pyarrow, not from the rows inference uses:
         pandas reads NULLs of float columns as NaN, which hashes otherwise, and nullable longs
