@@ -91,27 +91,32 @@ def stack_status(ctx: click.Context) -> None:
 @main.command("index")
 @click.option("--drain", is_flag=True, help="Stop once caught up with the topics and idle.")
 @click.option("--idle", type=float, default=3.0, show_default=True, help="Seconds idle before --drain stops.")
-@click.option("--max-seconds", type=float, default=None, help="Stop after this long in any case.")
+@click.option("--max-seconds", type=float, default=None, help="Stop after this long in any case; with --drain, exit 1 if not caught up by then.")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="Serve headwater_indexer_* metrics on 127.0.0.1 at this port; 0: none.")
+@click.option("--group", default=None, help="Consumer group; default: headwater-indexer.<edges topic>.")
 @click.pass_context
-def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | None, metrics_port: int) -> None:
+def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | None, metrics_port: int,
+          group: str | None) -> None:
     """Consume the edges and log topics into the graph store and the Parquet store."""
     from headwater.capture.metrics import serve
     from headwater.indexer.service import Indexer
 
     config = configuration.load(_home(ctx))
     server = serve(metrics_port) if metrics_port else None
-    indexer = Indexer(config, say=lambda s: click.echo(s, err=True))
+    indexer = Indexer(config, group=group, say=lambda s: click.echo(s, err=True))
+    interrupted = False
     try:
         stats = indexer.run(drain=drain, idle_s=idle, max_seconds=max_seconds)
     except KeyboardInterrupt:
-        stats = indexer.stats
+        stats, interrupted = indexer.stats, True
     finally:
         indexer.close()
         if server is not None:
             server.shutdown()
     _emit(stats.to_dict())
+    if drain and not interrupted and not stats.caught_up:
+        _fail(f"--drain: not caught up with the topics after {max_seconds:g}s", 1)
 
 
 @main.command("compact")

@@ -21,6 +21,7 @@ rejects is retried message by message, and the messages it still rejects go to t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -44,7 +45,11 @@ from .graph import GraphWriter
 from .plans import PlanStore
 from .shard import Shard, shard_root
 
+log = logging.getLogger("headwater.indexer")
+
 GROUP = "headwater-indexer"
+JOIN_WARN_S = 30.0  # an indexer with no partitions this long after starting says why it may be waiting
+
 MAX_POLL_RECORDS = 200
 # Payload bytes per write (about 30 bytes an edge: some 30,000 edges, seconds of graph
 # work): big enough to amortize each write's files and round trips, small enough that
@@ -64,6 +69,13 @@ class GraphRejected(Exception):
     """The graph refused a combined write for a reason that is not its being away."""
 
 
+def default_group(config: Config) -> str:
+    """The consumer group of the indexers of ``config``'s topics: one group per edges topic, so
+    indexers of other topic sets on the same broker (other deployments, other tests) never
+    rebalance with these, and a member that holds up its group's rebalance holds up no other."""
+    return f"{GROUP}.{config.edges_topic}"
+
+
 @dataclass
 class IndexerStats:
     messages: int = 0
@@ -76,6 +88,7 @@ class IndexerStats:
     parquet_bytes: int = 0
     graph_seconds: float = 0.0
     parquet_seconds: float = 0.0
+    caught_up: bool = False  # a drain that ended because everything was indexed (not by max_seconds)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,9 +134,9 @@ class _Assignment(ConsumerRebalanceListener):
 
 
 class Indexer:
-    def __init__(self, config: Config, group: str = GROUP, say: Callable[[str], None] = lambda _: None):
+    def __init__(self, config: Config, group: str | None = None, say: Callable[[str], None] = lambda _: None):
         self.config = config
-        self.group = group
+        self.group = group or default_group(config)
         self.say = say
         self.stats = IndexerStats()
         self.graph = GraphWriter(config)
@@ -303,20 +316,35 @@ class Indexer:
         consumer = self._consumer()
         started = time.monotonic()
         last_activity = time.monotonic()
+        warned = False
         try:
             while max_seconds is None or time.monotonic() - started < max_seconds:
                 polled = consumer.poll(timeout_ms=500)
+                if not warned and not consumer.assignment() and time.monotonic() - started > JOIN_WARN_S:
+                    warned = True
+                    self._waiting_to_join()
                 if self.unverified:
                     polled = self._verify(consumer, polled)
                 if polled:
                     last_activity = time.monotonic()
                     self._process(consumer, polled)
                 elif drain and time.monotonic() - last_activity > idle_s and self._caught_up(consumer):
+                    self.stats.caught_up = True
                     break
                 self._record_lag(consumer)
+            else:  # max_seconds ran out
+                if drain:
+                    log.warning("indexer stopped after %.0fs, not caught up (lag %s): %s", max_seconds,
+                                self._lag(consumer), summary(self.stats))
         finally:
             consumer.close()
         return self.stats
+
+    def _waiting_to_join(self) -> None:
+        log.warning("no partitions assigned after %.0fs: consumer group %r is still rebalancing. A member "
+                    "that stopped polling holds a rebalance until its poll interval ends, and a broker that "
+                    "keeps a gone member holds it for good: stop the group's other indexers, or index with "
+                    "another group (headwater index --group)", JOIN_WARN_S, self.group)
 
     def _verify(self, consumer: KafkaConsumer, polled: dict) -> dict:
         """Set aside the shards of newly assigned partitions the group has no offset for.
@@ -383,11 +411,20 @@ class Indexer:
             return False
 
     @staticmethod
-    def _record_lag(consumer: KafkaConsumer) -> None:
+    def _lag(consumer: KafkaConsumer) -> dict[str, int]:
+        """Messages not yet indexed, per assigned ``topic:partition`` whose high-water mark is known."""
+        lag = {}
         for tp in consumer.assignment():
             mark = consumer.highwater(tp)
             if mark is not None:
-                metrics.LAG.labels(tp.topic, str(tp.partition)).set(max(0, mark - consumer.position(tp)))
+                lag[f"{tp.topic}:{tp.partition}"] = max(0, mark - consumer.position(tp))
+        return lag
+
+    @classmethod
+    def _record_lag(cls, consumer: KafkaConsumer) -> None:
+        for name, lag in cls._lag(consumer).items():
+            topic, partition = name.rsplit(":", 1)
+            metrics.LAG.labels(topic, partition).set(lag)
 
     @staticmethod
     def _caught_up(consumer: KafkaConsumer) -> bool:

@@ -52,15 +52,20 @@ def read_log(config) -> list[dict]:
         consumer.close()
 
 
-def index(config) -> None:
-    """Index everything on the config's topics into the graph, until caught up."""
+def index(config, group: str | None = None, idle_s: float = 1.5, max_seconds: float = 180):
+    """Index everything on the config's topics into the graph and the store, until caught up;
+    the indexer's stats. An indexer that could not catch up in ``max_seconds`` fails the test
+    here, with what it did and what it said, rather than as a row missing later."""
     from headwater.indexer.service import Indexer
 
-    indexer = Indexer(config)
+    said = []
+    indexer = Indexer(config, group=group, say=said.append)
     try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=120)
+        stats = indexer.run(drain=True, idle_s=idle_s, max_seconds=max_seconds)
     finally:
         indexer.close()
+    assert stats.caught_up, f"the indexer did not catch up in {max_seconds}s: {stats.to_dict()}; it said: {said[-20:]}"
+    return stats
 
 
 def records_read(query) -> dict[tuple[str, int, int], int]:

@@ -21,12 +21,11 @@ from pyspark.sql import functions as F
 from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
 from headwater.demo import orders as demo_data
-from headwater.indexer.service import Indexer
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
-from .conftest import own_topics
+from .conftest import index, own_topics
 from .oracle import as_input
 from .test_stream_joins import at
 
@@ -147,11 +146,7 @@ def test_aggregate_lineage_equals_the_oracle(spark, stack_config, tmp_path, name
     rows = [r.asDict(recursive=True) for r in traced]
     check_against_events(name, rows)
 
-    indexer = Indexer(config)
-    try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=120)
-    finally:
-        indexer.close()
+    index(config)
     outputs_of: dict = {}
     with LineageClient(config) as client:
         for row in rows:

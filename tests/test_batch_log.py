@@ -23,6 +23,8 @@ from headwater.indexer.graph import batch_statuses
 from headwater.indexer.service import Indexer
 from headwater.query.cypher import CypherBackend
 
+from .conftest import index
+
 TOPIC = "hw.log"
 
 
@@ -273,11 +275,7 @@ def publish(config, rng: random.Random, queries: list[str], batches: int) -> tup
 
 
 def run_indexer(config, group: str) -> None:
-    indexer = Indexer(config, group=group)
-    try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=120)
-    finally:
-        indexer.close()
+    index(config, group=group)
 
 
 @pytest.mark.stack

@@ -23,11 +23,11 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from headwater.capture import UnsupportedPlanError
 from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
-from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
 from . import pipelines
+from .conftest import index
 from .oracle import as_input
 
 EVENTS = 300
@@ -64,11 +64,7 @@ def run_traced(spark, env, df, name, mode="append", **trace):
              .outputMode(mode).option("checkpointLocation", str(env.workdir / f"cp-{name}"))
              .trigger(processingTime="200 milliseconds").start(sink))
     run_until(query, end_offsets(env.topic, env.coordinates), say=print)
-    indexer = Indexer(env.config)
-    try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=180)
-    finally:
-        indexer.close()
+    index(env.config)
     rows = spark.read.parquet(sink).withColumn("_file", F.input_file_name()).collect()
     batches = {}
     for progress in query.recentProgress:

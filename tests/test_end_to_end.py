@@ -23,13 +23,12 @@ from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 from headwater.demo.run import count_malformed, end_offsets, run_pipeline
 from headwater.indexer.plans import PlanStore
-from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 from headwater.query.fallback import Fallback
 from headwater.query.infer.operators import build
 
-from .conftest import own_topics, read_log
+from .conftest import index, own_topics, read_log
 from .oracle import as_input, demo_lineage
 
 ORDERS = 1000
@@ -37,11 +36,7 @@ MALFORMED_EVERY = 97
 
 
 def index_all(config) -> object:
-    indexer = Indexer(config)
-    try:
-        return indexer.run(drain=True, idle_s=2.0, max_seconds=180)
-    finally:
-        indexer.close()
+    return index(config, idle_s=2.0)
 
 
 @pytest.fixture(scope="module")

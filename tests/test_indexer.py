@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 from kafka import KafkaConsumer
@@ -6,8 +9,9 @@ from prometheus_client import REGISTRY
 
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, LOG_PROGRESS, NODE_SCHEMA, encode_lineage, encode_log
-from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
+
+from .conftest import index
 
 
 def lineage_payload(src: int, dst: int) -> bytes:
@@ -39,11 +43,7 @@ def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config
 
     before = {store: sample("headwater_indexer_edges_total", store=store) for store in ("graph", "parquet")}
     dlq_before = sample("headwater_indexer_dlq_total")
-    indexer = Indexer(config)
-    try:
-        stats = indexer.run(drain=True, idle_s=1.5, max_seconds=120)
-    finally:
-        indexer.close()
+    stats = index(config)
     assert stats.dlq == 2
     assert stats.edges == 2 and stats.log_records == 2 and stats.parquet_edges == 2
     assert {store: sample("headwater_indexer_edges_total", store=store) - before[store]
@@ -82,14 +82,60 @@ def test_indexing_twice_changes_nothing(config):
     client.flush()
     client.close()
     for group in ("first", "second"):  # a second group replays everything again
-        indexer = Indexer(config, group=group)
-        try:
-            indexer.run(drain=True, idle_s=1.5, max_seconds=120)
-        finally:
-            indexer.close()
+        index(config, group=group)
     from headwater.adapters.graph import driver
 
     with driver(config) as d, d.session(database=config.graph_database) as s:
         count = s.run("MATCH (a:Row {rid: 8001})-[e:DERIVED]->(b:Row {rid: 8002}) RETURN count(e) AS c").single()["c"]
         nodes = s.run("MATCH (n:Row) WHERE n.rid IN [8001, 8002] RETURN count(n) AS c").single()["c"]
     assert count == 1 and nodes == 2
+
+
+def test_an_indexer_is_not_held_up_by_the_group_of_another_edges_topic(stack, config):
+    """A member that stops polling holds up its group's rebalance (for its poll interval on
+    Kafka; for good where the broker keeps a gone member as the group's leader, as tansu did in
+    CI after the kill -9 test). Indexers of other edges topics are in other groups, so they
+    never wait for it."""
+    from headwater.indexer.service import default_group
+
+    from .conftest import own_topics
+
+    other, _ = own_topics(config, "held")
+    assert default_group(other) != default_group(config)
+    ensure_topics(config.bootstrap, [other.edges_topic, config.edges_topic, config.log_topic, config.dlq_topic], 1)
+    # The other topic's group, held: a member that joined, then never polls again, and would
+    # keep any rebalance waiting for ten minutes.
+    held = KafkaConsumer(bootstrap_servers=config.bootstrap, group_id=default_group(other),
+                         session_timeout_ms=6000, heartbeat_interval_ms=1000, max_poll_interval_ms=600000)
+    try:
+        held.subscribe([other.edges_topic])
+        for _ in range(60):
+            held.poll(timeout_ms=500)
+            if held.assignment():
+                break
+        assert held.assignment(), "the holding member never joined its group"
+        client = producer(config.bootstrap)
+        client.send(config.edges_topic, value=lineage_payload(9001, 9002))
+        client.flush()
+        client.close()
+        stats = index(config, max_seconds=60)
+        assert stats.edges == 1
+        # The held group itself does wait: `headwater index --drain` for the other topic gets no
+        # partitions and says it did not catch up; in a group of its own, it does.
+        env = {**os.environ, "HEADWATER_EDGES_TOPIC": other.edges_topic, "HEADWATER_LOG_TOPIC": other.log_topic,
+               "HEADWATER_DLQ_TOPIC": other.dlq_topic, "HEADWATER_STORE_DIR": other.store_dir}
+
+        def index_other(*args) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "index",
+                                   "--drain", "--idle", "1", "--max-seconds", "12", *args],
+                                  env=env, capture_output=True, text=True, timeout=120)
+
+        done = index_other()
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert json.loads(done.stdout.strip().splitlines()[-1])["caught_up"] is False
+        assert "not caught up with the topics after 12s" in done.stderr
+        done = index_other("--group", default_group(other) + ".own")
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout.strip().splitlines()[-1])["caught_up"] is True
+    finally:
+        held.close()

@@ -13,12 +13,12 @@ from collections import Counter
 import pytest
 
 from headwater.demo.run import end_offsets, run_until
-from headwater.indexer.service import Indexer
 from headwater.query.api import LineageClient
 from headwater.core.rid import kafka_rid
 from headwater.query.backend import LineageError
 
 from . import pipelines
+from .conftest import index
 from .oracle import as_input
 
 EVENTS = 400
@@ -45,11 +45,7 @@ def test_pipeline_lineage_equals_the_oracle(spark, env, name):
              .trigger(processingTime="200 milliseconds").start(sink))
     run_until(query, end_offsets(env.topic, env.coordinates), say=print)
     assert sum(1 for p in query.recentProgress if p.numInputRows) >= 3
-    indexer = Indexer(env.config)
-    try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=180)
-    finally:
-        indexer.close()
+    index(env.config)
 
     expected = pipelines.oracle(name, env.topic, env.values, env.coordinates, env)
     got = [r.asDict() for r in spark.read.parquet(sink).collect()]

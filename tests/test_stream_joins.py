@@ -19,12 +19,11 @@ from pyspark.sql import functions as F
 from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
 from headwater.demo import orders as demo_data
-from headwater.indexer.service import Indexer
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
-from .conftest import own_topics
+from .conftest import index, own_topics
 from .oracle import as_input
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
@@ -130,11 +129,7 @@ def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path
     if how != "inner":
         assert any(cid is None for _, cid in ids), "unmatched impressions are emitted with a null click"
 
-    indexer = Indexer(config)
-    try:
-        indexer.run(drain=True, idle_s=1.5, max_seconds=120)
-    finally:
-        indexer.close()
+    index(config)
     outputs_of: dict = {}
     with LineageClient(config) as client:
         for row in traced:
