@@ -57,8 +57,7 @@ class Fallback:
         self._built: dict[str, tuple[Plan, dict]] = {}
         self._prepared: dict[str, Prepared] = {}
         self._static: dict[tuple, tuple[pa.Table, pd.DataFrame]] = {}
-        self._content_rids: dict[tuple, np.ndarray] = {}
-        self._hashed: dict[tuple, tuple[str, ...]] = {}  # a keyless table's paths → the columns capture hashed
+        self._table_rids: dict[tuple, np.ndarray] = {}
 
     def plan(self, query: str, batch: int) -> tuple[Plan, dict]:
         """The plan batch ``batch`` of ``query`` ran, and what capture logged beside it."""
@@ -147,10 +146,11 @@ class Fallback:
         found: dict[int, Lineage] = {}
         for relation_id, positions in inferred.rows.items():
             frame, (kind, name, key) = read[relation_id]
-            content = self.content_rids(relations[relation_id], name) if kind == "table" and not key else None
-            for position in positions.tolist():
+            positions = positions.tolist()
+            named = self.table_rids(relations[relation_id], kept, positions) if kind == "table" else None
+            for i, position in enumerate(positions):
                 record = _record(kind, name, key, frame.iloc[position], of, inferred.exact,
-                                 None if content is None else int(content[position]))
+                                 None if named is None else int(named[i]))
                 found.setdefault(record.rid, record)
         for record in found.values():
             record.batches = [batch]
@@ -162,48 +162,54 @@ class Fallback:
         if relation.streaming and {"topic", "partition", "offset", "value"} <= names:
             return _kafka(self.config.bootstrap, entry["sources"]), ("kafka", None, ())
         if relation.location and not relation.streaming:
-            source = next((s for s in kept.get("sources", []) if s.get("source") == "static"
-                           and s.get("location") and s["location"].get("paths") == relation.location.get("paths")),
-                          None)
-            if source is None:
-                raise LineageError(f"the plan reads {relation.location['paths']}, which capture did not log as a "
-                                   f"static table")
-            self._hashed[tuple(relation.location["paths"])] = tuple(source.get("hashed") or ())
+            source = static_source(relation, kept)
             return self._files(relation.location)[1], ("table", source["dataset"], tuple(source.get("key") or ()))
         raise LineageError(f"cannot read back the rows of {relation.spark_class} (columns {sorted(names)}): "
                            f"only Kafka topics and file-backed static tables")
 
-    def content_rids(self, relation: Relation, dataset: str) -> np.ndarray:
+    def table_rids(self, relation: Relation, kept: dict, positions: list[int] | None = None) -> np.ndarray:
+        """The rids capture gives the rows of the static table a relation of the plan ``kept``
+        reads, in the order ``relation_rows`` reads them (all rows, or those at ``positions``):
+        by the key declared for it, or else by their content (``content_rids``)."""
+        source = static_source(relation, kept)
+        dataset, key, hashed = source["dataset"], tuple(source.get("key") or ()), tuple(source.get("hashed") or ())
+        if key and positions is not None:  # a few rows: their keys hashed, not the whole table's
+            return _keyed_rids(dataset, key, self._files(relation.location)[1].iloc[positions])
+        cache = (tuple(relation.location["paths"]), dataset, key, hashed)
+        if cache not in self._table_rids:
+            self._table_rids[cache] = (_keyed_rids(dataset, key, self._files(relation.location)[1]) if key
+                                       else self.content_rids(relation, dataset, hashed))
+        found = self._table_rids[cache]
+        return found if positions is None else found[positions]
+
+    def content_rids(self, relation: Relation, dataset: str, hashed: tuple[str, ...] = ()) -> np.ndarray:
         """The rids capture gives the rows of a static table without a declared key, in the order
-        ``relation_rows`` reads them: each hashes its row's values over the columns capture hashed.
+        ``relation_rows`` reads them: each hashes its row's values over the columns capture hashed
+        (``hashed``, as capture logged them; none logged: every column the relation reads).
 
         The values are read from the files anew with pyarrow, not from the rows inference uses:
         pandas reads NULLs of float columns as NaN, which hashes otherwise, and nullable longs
         as floats, which lose digits.
         """
         types = {a.name: a.dtype for a in relation.output}
-        hashed = self._hashed.get(tuple(relation.location["paths"])) or tuple(types)  # as capture logged them
+        hashed = hashed or tuple(types)
         unknown = [name for name in hashed if name not in types]
         if unknown:
             raise LineageError(f"static table {dataset!r} has no declared key and its rows' rids hash the columns "
                                f"{unknown}, which the plan's relation does not read (declare keys= in Tracer.trace)")
-        columns = tuple((name, types[name]) for name in hashed)
-        cache = (tuple(relation.location["paths"]), dataset, columns)
-        if cache not in self._content_rids:
-            table = self._files(relation.location)[0]
-            missing = [name for name, _ in columns if name not in table.column_names]
-            if missing:
-                raise LineageError(f"static table {dataset!r} has no declared key and its files lack the columns "
-                                   f"{missing} its rows' rids hash (declare keys= in Tracer.trace)")
-            try:
-                found = rids.table_row_rids(dataset, [table.column(name).to_pylist() for name, _ in columns],
-                                            [dtype for _, dtype in columns])
-            except rids.UnhashableType as e:
-                raise LineageError(f"static table {dataset!r} has no declared key, and its rows' rids hash a "
-                                   f"column whose hash is not reproduced here ({e}); declare keys= in "
-                                   f"Tracer.trace") from None
-            self._content_rids[cache] = np.array(found, dtype=np.int64)
-        return self._content_rids[cache]
+        table = self._files(relation.location)[0]
+        missing = [name for name in hashed if name not in table.column_names]
+        if missing:
+            raise LineageError(f"static table {dataset!r} has no declared key and its files lack the columns "
+                               f"{missing} its rows' rids hash (declare keys= in Tracer.trace)")
+        try:
+            found = rids.table_row_rids(dataset, [table.column(name).to_pylist() for name in hashed],
+                                        [types[name] for name in hashed])
+        except rids.UnhashableType as e:
+            raise LineageError(f"static table {dataset!r} has no declared key, and its rows' rids hash a "
+                               f"column whose hash is not reproduced here ({e}); declare keys= in "
+                               f"Tracer.trace") from None
+        return np.array(found, dtype=np.int64)
 
     def _files(self, location: dict) -> tuple[pa.Table, pd.DataFrame]:
         """A static table's rows, as pyarrow and pandas read them, read once."""
@@ -213,6 +219,15 @@ class Fallback:
             table = ds.dataset(paths, format=location.get("format", "parquet")).to_table()
             self._static[cache] = (table, table.to_pandas())
         return self._static[cache]
+
+
+def static_source(relation: Relation, kept: dict) -> dict:
+    """What capture logged, beside the plan ``kept``, of the static table a relation reads."""
+    for source in kept.get("sources", []):
+        if source.get("source") == "static" and (source.get("location") or {}).get("paths") == \
+                relation.location.get("paths"):
+            return source
+    raise LineageError(f"the plan reads {relation.location['paths']}, which capture did not log as a static table")
 
 
 def offset_ranges(sources: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -266,18 +281,23 @@ def _kafka(bootstrap: str, sources: list[dict]) -> pd.DataFrame:
 
 
 def _record(kind: str, dataset: str | None, key: tuple, row: pd.Series, of: int, exact: bool,
-            content_rid: int | None = None) -> Lineage:
-    """The answer record of a source row; ``content_rid``: the rid of a row of a table without a
-    declared key (``Fallback.content_rids``), which has no key, as capture's records have none."""
+            table_rid: int | None = None) -> Lineage:
+    """The answer record of a source row; ``table_rid``: a static table row's rid
+    (``Fallback.table_rids``). A row of a table without a declared key has no key, as
+    capture's records have none."""
     common = {"of": of, "kind": "source", "exact": exact, "via": "inference", "cols": -1}
     if kind == "kafka":
         topic, partition, offset = row["topic"], int(row["partition"]), int(row["offset"])
         return Lineage(rid=rids.kafka_rid(topic, partition, offset), dataset=f"kafka:{topic}", topic=topic,
                        partition=partition, offset=offset, **common)
-    if not key:
-        return Lineage(rid=content_rid, dataset=dataset, **common)
-    text = rids.KEY_SEPARATOR.join(key_text(row[k]) for k in key)
-    return Lineage(rid=rids.table_rid(dataset, text), dataset=dataset, key=text, **common)
+    text = rids.KEY_SEPARATOR.join(key_text(row[k]) for k in key) if key else None
+    return Lineage(rid=table_rid, dataset=dataset, key=text, **common)
+
+
+def _keyed_rids(dataset: str, key: tuple, frame: pd.DataFrame) -> np.ndarray:
+    """The rids of a static table's rows (``frame``) by their declared key, as capture names them."""
+    return np.array([rids.table_rid(dataset, rids.KEY_SEPARATOR.join(key_text(v) for v in values))
+                     for values in zip(*(frame[k].tolist() for k in key))], dtype=np.int64)
 
 
 def key_text(v) -> str:

@@ -5,7 +5,7 @@ fully captured (a row of a captured batch is answered from its edges): for a Kaf
 record, the batches whose offset ranges hold its offset, which its rid gives back
 (``rid.kafka_offset``); for a row of a static table, every batch whose plan reads that
 table, its rows named as capture names them (by their declared key, or by their whole
-content: ``Fallback.content_rids``). Each such batch's plan is then replayed in memory over the
+content: ``Fallback.table_rids``). Each such batch's plan is then replayed in memory over the
 rows it read (read back as ``fallback.py`` does), every output row carrying the input
 rows it derives from (``infer/run.py``), and the output rows that derive from the asked
 row are matched by value to the rows the batch wrote to its sink (capture names a file
@@ -36,7 +36,7 @@ from headwater.core import rid as rids
 from headwater.core.plan import STATEFUL_BLACK_BOXES
 
 from .backend import Gap, Lineage, LineageError
-from .fallback import Fallback, key_text, offset_ranges
+from .fallback import Fallback, offset_ranges, static_source
 from .infer.evaluate import Unevaluable, value_key
 from .infer.operators import Aggregate, Deduplicate, Join, Limit, Op, Plan, Relation, Unknown, Window, WindowGroupLimit
 from .infer.run import LINEAGE, Running
@@ -74,7 +74,6 @@ class Forward:
     def __init__(self, fallback: Fallback):
         self.fallback = fallback
         self._replays: OrderedDict[tuple[str, int], _Replay] = OrderedDict()
-        self._table_rids: dict[tuple, tuple[pd.DataFrame, np.ndarray]] = {}
 
     def find(self, rid: int, deadline: float | None = None) -> Read | None:
         """The row ``rid`` names and the uncaptured batches that read it; None if no such batch read it."""
@@ -95,9 +94,9 @@ class Forward:
             for relation in (op for op in plan.operators() if isinstance(op, Relation)):
                 if relation.streaming or not relation.location:
                     continue
-                frame, (_, dataset, key) = self.fallback.relation_rows(relation, entry, kept)
+                dataset = static_source(relation, kept)["dataset"]
                 try:
-                    named = self._rids(relation, frame, dataset, key)
+                    named = self.fallback.table_rids(relation, kept)
                 except LineageError as e:  # the rid may still be another table's row
                     unnamed.setdefault(dataset, e)
                     continue
@@ -132,18 +131,6 @@ class Forward:
                     found.append((query, batch, status, entry))
         return found
 
-    def _rids(self, relation: Relation, frame: pd.DataFrame, dataset: str, key: tuple) -> np.ndarray:
-        """The rids of a static table's rows, as capture names them: by their key, or by their content."""
-        if not key:
-            return self.fallback.content_rids(relation, dataset)
-        held = self._table_rids.get((dataset, key))
-        if held is None or held[0] is not frame:
-            texts = zip(*(frame[k].tolist() for k in key))
-            found = np.array([rids.table_rid(dataset, rids.KEY_SEPARATOR.join(key_text(v) for v in values))
-                              for values in texts], dtype=np.int64)
-            held = self._table_rids[dataset, key] = (frame, found)
-        return held[1]
-
     def _derived_in(self, rid: int, read: Read, query: str, batch: int) -> list[Lineage]:
         replay = self._replay(query, batch)
         mask = _mask(replay.kept, read)
@@ -151,12 +138,12 @@ class Forward:
             return [_output(rid, query, batch, out, mask, False) for _, out in replay.sink]
         relations = {op.id: op for op in self.fallback.plan(query, batch)[0].operators() if isinstance(op, Relation)}
         targets = set()
-        for relation_id, (frame, (kind, dataset, key)) in replay.read.items():
+        for relation_id, (frame, (kind, dataset, _)) in replay.read.items():
             if kind == "kafka" and read.kind == "kafka":
                 topic, partition, offset = read.at
                 hit = (frame["topic"] == topic) & (frame["partition"] == partition) & (frame["offset"] == offset)
             elif kind == "table" and read.kind == "table" and (dataset,) == read.at:
-                hit = self._rids(relations[relation_id], frame, dataset, key) == rid
+                hit = self.fallback.table_rids(relations[relation_id], replay.kept) == rid
             else:
                 continue
             targets.update((relation_id, int(p)) for p in np.flatnonzero(np.asarray(hit)))

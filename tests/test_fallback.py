@@ -228,3 +228,35 @@ def test_a_keyless_table_whose_rids_cannot_be_reproduced_is_a_clear_error(tmp_pa
         fallback.content_rids(relation, "tagged")
     flat = Relation(0, "Relation", [Attr("id", 1, "long")], location=location)
     assert fallback.content_rids(flat, "tagged").tolist() == [table_row_rid("tagged", [i], ["long"]) for i in (1, 2)]
+
+
+def test_table_rids_name_rows_by_the_declared_key_or_by_the_columns_capture_hashed(tmp_path):
+    import pyarrow as pa
+
+    from headwater.core.config import Config
+    from headwater.core.plan import Attr
+    from headwater.core.rid import KEY_SEPARATOR, table_row_rids
+    from headwater.query.fallback import Fallback
+    from headwater.query.infer.operators import Relation
+
+    pq.write_table(pa.table({"id": [1, 2, 3], "name": ["a", "b", None], "w": [1.5, 2.0, -0.0]}), tmp_path / "d.parquet")
+    location = {"paths": [f"file:{tmp_path / 'd.parquet'}"], "format": "parquet"}
+    relation = Relation(0, "Relation", [Attr("id", 1, "long"), Attr("name", 2, "string"), Attr("w", 3, "double")],
+                        location=location)
+
+    def kept(**logged) -> dict:  # the plan's log record, as capture writes it
+        return {"sources": [{"source": "static", "location": location, "dataset": "dim", **logged}]}
+
+    fallback = Fallback(Config(store_dir=str(tmp_path / "store")))
+    by_id = fallback.table_rids(relation, kept(key=["id"]))
+    assert by_id.tolist() == [table_rid("dim", str(i)) for i in (1, 2, 3)]
+    assert fallback.table_rids(relation, kept(key=["id"]), [2, 0]).tolist() == [by_id[2], by_id[0]]
+    assert fallback.table_rids(relation, kept(key=["id", "w"]), [1]).tolist() == \
+        [table_rid("dim", KEY_SEPARATOR.join(("2", "2.0")))]
+    # Without a key: over the columns capture logged as hashed, else over every column read.
+    assert fallback.table_rids(relation, kept(hashed=["id", "name"])).tolist() == \
+        table_row_rids("dim", [[1, 2, 3], ["a", "b", None]], ["long", "string"])
+    assert fallback.table_rids(relation, kept(), [2]).tolist() == \
+        [table_row_rid("dim", [3, None, -0.0], ["long", "string", "double"])]
+    with pytest.raises(LineageError, match="did not log as a static table"):
+        fallback.table_rids(relation, {"sources": []})
