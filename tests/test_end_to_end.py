@@ -117,10 +117,13 @@ def test_forward_lineage_of_every_kafka_record_equals_the_oracle(spark, run):
             else:
                 with pytest.raises(LineageError, match="not in the lineage graph"):
                     client.forward(rid)
+        # A customer's row is the same row, with the same rid, for every stream that joins the
+        # table: in the session's shared graph, other tests' streams derive rows from it too.
+        ours = set(rid_of_order.values())
         for key in {k for k in outputs_of if k[0] == "table"}:
             from headwater.core.rid import table_rid
 
-            assert {x.rid for x in client.forward(table_rid("customers", key[2]))} == outputs_of[key]
+            assert {x.rid for x in client.forward(table_rid("customers", key[2]))} & ours == outputs_of[key]
 
 
 def test_outputs_equal_the_untraced_pipeline(spark, run, tmp_path):

@@ -127,13 +127,13 @@ def test_an_indexer_is_not_held_up_by_the_group_of_another_edges_topic(stack, co
 
         def index_other(*args) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "index",
-                                   "--drain", "--idle", "1", "--max-seconds", "12", *args],
+                                   "--drain", "--idle", "1", "--max-seconds", "8", *args],
                                   env=env, capture_output=True, text=True, timeout=120)
 
         done = index_other()
         assert done.returncode == 1, done.stderr[-2000:]
         assert json.loads(done.stdout.strip().splitlines()[-1])["caught_up"] is False
-        assert "not caught up with the topics after 12s" in done.stderr
+        assert "not caught up with the topics after 8s" in done.stderr
         done = index_other("--group", default_group(other) + ".own")
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout.strip().splitlines()[-1])["caught_up"] is True
