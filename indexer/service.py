@@ -49,7 +49,6 @@ log = logging.getLogger("headwater.indexer")
 
 GROUP = "headwater-indexer"
 JOIN_WARN_S = 30.0  # an indexer with no partitions this long after starting says why it may be waiting
-
 MAX_POLL_RECORDS = 200
 # Payload bytes per write (about 30 bytes an edge: some 30,000 edges, seconds of graph
 # work): big enough to amortize each write's files and round trips, small enough that
@@ -334,8 +333,9 @@ class Indexer:
                 self._record_lag(consumer)
             else:  # max_seconds ran out
                 if drain:
-                    log.warning("indexer stopped after %.0fs, not caught up (lag %s): %s", max_seconds,
-                                self._lag(consumer), summary(self.stats))
+                    lag = {f"{tp.topic}:{tp.partition}": n for tp, n in self._lag(consumer).items()}
+                    log.warning("indexer stopped after %.0fs, not caught up (lag %s): %s", max_seconds, lag,
+                                summary(self.stats))
         finally:
             consumer.close()
         return self.stats
@@ -411,20 +411,19 @@ class Indexer:
             return False
 
     @staticmethod
-    def _lag(consumer: KafkaConsumer) -> dict[str, int]:
-        """Messages not yet indexed, per assigned ``topic:partition`` whose high-water mark is known."""
+    def _lag(consumer: KafkaConsumer) -> dict:
+        """Messages not yet indexed, per assigned partition whose high-water mark is known."""
         lag = {}
         for tp in consumer.assignment():
             mark = consumer.highwater(tp)
             if mark is not None:
-                lag[f"{tp.topic}:{tp.partition}"] = max(0, mark - consumer.position(tp))
+                lag[tp] = max(0, mark - consumer.position(tp))
         return lag
 
     @classmethod
     def _record_lag(cls, consumer: KafkaConsumer) -> None:
-        for name, lag in cls._lag(consumer).items():
-            topic, partition = name.rsplit(":", 1)
-            metrics.LAG.labels(topic, partition).set(lag)
+        for tp, lag in cls._lag(consumer).items():
+            metrics.LAG.labels(tp.topic, str(tp.partition)).set(lag)
 
     @staticmethod
     def _caught_up(consumer: KafkaConsumer) -> bool:
