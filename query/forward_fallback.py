@@ -88,7 +88,7 @@ class Forward:
         if kafka is not None:
             return kafka
         table, unnamed = None, {}
-        for query, batch, status, entry in uncaptured:
+        for query, batch, status, _ in uncaptured:
             _check(deadline, rid)
             plan, kept = self.fallback.plan(query, batch)
             for relation in (op for op in plan.operators() if isinstance(op, Relation)):
