@@ -69,11 +69,13 @@ class TracedSource:
     node_id: int
     column: str  # the struct column threaded to the sink
     source: str  # kafka | file | rate | static | blackbox
-    dataset: str | None  # static table or black box name; Kafka and file rows are named by topic or path
+    dataset: str | None  # static table (``table:<identity>``) or black box; Kafka and file rows are named by topic or path
     key: tuple[str, ...]  # declared key columns of a static table, empty for a content hash
-    location: dict | None  # {"paths": [...], "format": ...} of a file-backed table or stream
+    location: dict | None  # {"paths": [...], "format": ..., "options": {...}} of a file-backed table or stream
     stateful: bool = False  # a black box whose outputs may derive from earlier batches' inputs
     hashed: tuple[str, ...] = ()  # a static table without a key: the columns its rows' rids hash, in order
+    name: str | None = None  # a static table's short name (alias or file name), as ``keys`` names it
+    table: str | None = None  # a static table's identity (``plan.static_table``): what its rids hash
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "key": list(self.key), "hashed": list(self.hashed)}
@@ -84,8 +86,9 @@ def _static_key(df: DataFrame, key: tuple[str, ...]) -> Column:
     return texts[0] if len(texts) == 1 else F.concat_ws(rids.KEY_SEPARATOR, *texts)
 
 
-def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]]) -> tuple[Column, TracedSource]:
-    """The ``_hw_src_<id>`` struct for rows of source ``node`` (a DataFrame over it)."""
+def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]],
+                  query: str | None = None) -> tuple[Column, TracedSource]:
+    """The ``_hw_src_<id>`` struct for rows of source ``node`` (a DataFrame over it) of query ``query``."""
     name = f"{SOURCE_PREFIX}{node.id}"
     kind = node.detail.get("source")
     if kind == "kafka":
@@ -93,11 +96,13 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
         struct = F.struct(rid.alias("rid"), F.col("topic"), F.col("partition"), F.col("offset"))
         return struct.alias(name), TracedSource(node.id, name, "kafka", None, (), None)
     if kind == "static":
-        table = node.detail["name"]
-        key = tuple(keys.get(table, ()))
+        short = node.detail["name"]
+        # Rows are named by where the table lives, so two tables of one name never share a rid.
+        table = node.detail.get("table") or f"query:{query}/{short}#{node.id}"
+        key = tuple(keys.get(short, ()))
         missing = [k for k in key if k not in df.columns]
         if missing:
-            raise UnsupportedPlanError(node, f"declared key {missing} of table {table!r} is not among its columns {df.columns}")
+            raise UnsupportedPlanError(node, f"declared key {missing} of table {short!r} is not among its columns {df.columns}")
         if key:
             text = _static_key(df, key)
             rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), text)
@@ -105,8 +110,9 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
             text = F.lit(None).cast("string")
             rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), *[F.col(f"`{c}`") for c in df.columns])
         struct = F.struct(rid.alias("rid"), text.alias("key"))
-        return struct.alias(name), TracedSource(node.id, name, "static", table, key, node.detail.get("location"),
-                                                hashed=() if key else tuple(df.columns))
+        return struct.alias(name), TracedSource(node.id, name, "static", rids.table_dataset(table), key,
+                                                node.detail.get("location"), hashed=() if key else tuple(df.columns),
+                                                name=short, table=table)
     if kind == "rate":
         rid = F.xxhash64(F.lit(rids.RATE), F.col("value"))
         struct = F.struct(rid.alias("rid"), F.col("value").cast("string").alias("key"))
@@ -277,8 +283,8 @@ def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list):
 
 
 def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
-                black_boxes: frozenset[str] = frozenset()) -> Threaded:
-    """Rebuild ``df``'s plan with rid columns threaded to its root.
+                black_boxes: frozenset[str] = frozenset(), query: str | None = None) -> Threaded:
+    """Rebuild ``df``'s plan (of query ``query``) with rid columns threaded to its root.
 
     ``black_boxes`` names Spark plan classes (e.g. ``"GlobalLimit"``) to trace as black
     boxes besides those headwater always treats so (user code over pandas or state).
@@ -298,7 +304,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
         original = jnodes[node.id]
         if node.kind == "Source":
             source_df = jvm.dataframe(original)
-            column, spec = source_column(source_df, node, keys)
+            column, spec = source_column(source_df, node, keys, query)
             traced.append(spec)
             plan = analyzed(source_df.select("*", column))
             return plan, [Jvm.items(plan.output())[-1]]

@@ -97,19 +97,41 @@ def raw_node(node) -> RawNode:
 
 
 def _file_location(node) -> dict | None:
-    """Root paths and format of a file-backed relation (Spark's JSON leaves them out)."""
-    if node.getClass().getSimpleName() == "StreamingRelation":  # a file stream source
+    """Where a relation's rows live (Spark's JSON leaves it out): a file-backed relation's
+    root paths, format and reader options; a catalog table's qualified name as ``table``."""
+    cls = node.getClass().getSimpleName()
+    if cls == "StreamingRelation":  # a file stream source
         source = node.dataSource()
         path = source.options().get("path")
         paths = [path.get()] if path.isDefined() else [p for p in Jvm.items(source.paths())]
         return {"paths": paths, "format": source.className().lower()} if paths else None
-    if node.getClass().getSimpleName() != "LogicalRelation":
+    if cls == "HiveTableRelation":
+        return {"table": node.tableMeta().identifier().unquotedString()}
+    if cls == "DataSourceV2Relation":
+        identifier = node.identifier()
+        if not identifier.isDefined():
+            return None
+        catalog = node.catalog()
+        name = identifier.get().toString()
+        return {"table": f"{catalog.get().name()}.{name}" if catalog.isDefined() else name}
+    if cls != "LogicalRelation":
         return None
+    catalog = node.catalogTable()
+    table = {"table": catalog.get().identifier().unquotedString()} if catalog.isDefined() else {}
     relation = node.relation()
     if relation.getClass().getSimpleName() != "HadoopFsRelation":
-        return None
+        return table or None
     paths = [p.toString() for p in Jvm.items(relation.location().rootPaths())]
-    return {"paths": paths, "format": relation.fileFormat().toString().lower()}
+    options = {}
+    entries = relation.options().iterator()
+    while entries.hasNext():
+        entry = entries.next()
+        if entry._1().lower() not in ("path", "paths"):
+            options[entry._1()] = entry._2()
+    # The relation's own columns and types (partition columns last), to read its files as Spark does.
+    columns = [[a.name(), a.dataType().simpleString()] for a in Jvm.items(node.output())]
+    return {"paths": paths, "format": relation.fileFormat().toString().lower(), "options": options,
+            "columns": columns, **table}
 
 
 def plan_ir(df: DataFrame) -> tuple[PlanNode, list]:

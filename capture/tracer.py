@@ -23,10 +23,11 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import ArrayType, MapType, StructType
 
 from headwater.adapters.kafka import ensure_topics
+from headwater.adapters.table_files import TableUnreadable, table_version
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
-from headwater.core.plan import column_lineage, column_masks, plan_fingerprint
+from headwater.core.plan import column_lineage, column_masks, location_key, plan_fingerprint
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
 from . import checkpoint, metrics
@@ -182,7 +183,7 @@ class Tracer:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
         fingerprint = plan_fingerprint(analyzed(df).toJSON())
-        return Traced(self, thread_rids(df, keys, frozenset(black_boxes)), name, emit_rid, fingerprint,
+        return Traced(self, thread_rids(df, keys, frozenset(black_boxes), name), name, emit_rid, fingerprint,
                       _optimized_plan(df, name))
 
     def close(self) -> None:
@@ -375,6 +376,19 @@ class BatchHook:
         self._rid_inputs = [F.col(c) for c in dict.fromkeys([*self.keep, RID_COLUMN, *[s.column for s in threaded.sources]])]
         self._keep_columns = [F.col(c) for c in self.keep]
         self.fusable = self._fusable(fields[:n_user])  # whether lineage can ride in the sink's write job
+        self.tables = {location_key(location): location for node in threaded.ir.walk()
+                       if node.detail.get("source") == "static" for location in node.detail.get("locations", [])}
+
+    def table_versions(self) -> dict[str, str]:
+        """The version of each file-backed static table the batch reads (``table_files.table_version``),
+        by its root paths; a table whose files cannot be listed from here has none."""
+        versions = {}
+        for key, location in self.tables.items():
+            try:
+                versions[key] = table_version(location)["digest"]
+            except TableUnreadable as exc:
+                log.debug("no version of static table %s: %s", key, exc)
+        return versions
 
     def streaming_frame(self, df: DataFrame) -> DataFrame:
         """The traced rows as the hook gets them: the user's columns by position, plus ``_hw_row``.
@@ -415,6 +429,7 @@ class BatchHook:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        versions = self.table_versions()  # as the batch reads them: a table may change before the next
         plan = Plan(LOG_ONLY, 0.0) if self.log_only else self.budget.plan()
         frame = batch_df
         boxes = self.traced.threaded.black_boxes
@@ -459,6 +474,7 @@ class BatchHook:
         self.traced.tracer.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3), **extra, **stats,
+            tables=versions,
         )
 
     def _fusable(self, fields) -> bool:

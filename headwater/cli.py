@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from headwater.core import config as configuration
-from headwater.query.address import SOURCE_FORMS, parse_source
+from headwater.query.address import SOURCE_FORMS, checked_source
 
 
 # The query backends (``headwater.query.api.choices()``), named here so the CLI starts without importing them.
@@ -164,7 +164,8 @@ def _query(ctx: click.Context, question: str, rid: int | None, source: str | Non
         _fail("--dataset and --where go together: the sink, and a SQL predicate over its rows")
     failed = 0
     try:
-        starts = [rid] if rid is not None else [parse_source(source)] if source is not None else \
+        # An address is turned into a rid by the client: a static table's rows are named by where it lives.
+        starts = [rid] if rid is not None else [checked_source(source)] if source is not None else \
             _selected(dataset, where)
         with LineageClient(configuration.load(_home(ctx)), backend=backend) as client:
             for start in starts:

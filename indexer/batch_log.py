@@ -536,6 +536,11 @@ class BatchLog:
             found[key] = status
         return found
 
+    def datasets(self) -> dict[str, dict]:
+        """Every static dataset's description, by name (``dataset``)."""
+        names = {name for p in self._partitions for name in [*p.tail.datasets, *(n for run in p.runs for n in run.datasets)]}
+        return {name: self.dataset(name) for name in sorted(names)}
+
     def dataset(self, name: str) -> dict | None:
         """A static dataset's description as the graph's ``(:Dataset)`` node has it, or None."""
         found = [f for f in (p.fields(name, dataset=True) for p in self._partitions) if f is not None]

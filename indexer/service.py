@@ -94,12 +94,20 @@ class IndexerStats:
 
 
 def _dataset_props(source: dict) -> dict:
+    """A static table's description, as the graph's ``(:Dataset)`` node and the store's batch log keep it
+    (flat values: graph properties cannot nest)."""
     location = source.get("location") or {}
     return {k: v for k, v in {
         "source": source.get("source"),
+        "short_name": source.get("name"),
+        "table": source.get("table"),
         "location": ",".join(location.get("paths", [])) or None,
         "format": location.get("format"),
+        "options": json.dumps(location["options"], sort_keys=True) if location.get("options") else None,
+        "columns": json.dumps(location["columns"]) if location.get("columns") else None,
+        "catalog_table": location.get("table"),
         "key": ",".join(source.get("key") or []) or None,
+        "hashed": ",".join(source.get("hashed") or []) or None,
     }.items() if v is not None}
 
 

@@ -10,6 +10,7 @@ import re
 from headwater.core import rid as rids
 
 from .backend import LineageError
+from .datasets import Tables
 
 SOURCE_FORMS = ("kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or "
                 "foreachBatch:QUERY:BATCH")
@@ -26,9 +27,19 @@ def _number(text: str, low: int, high: int) -> int | None:
     return value if low <= value < high else None
 
 
-def parse_source(text: str) -> int:
-    """A row's address (``SOURCE_FORMS``) → its rid; ``LineageError`` if it is not one."""
+def parse_source(text: str, tables: Tables | None = None) -> int:
+    """A row's address (``SOURCE_FORMS``) → its rid; ``LineageError`` if it is not one.
+
+    A static table's rows are named by where it lives, not by the short name people
+    write: ``tables`` (the store's, ``datasets.Tables``) turns ``table:NAME:KEY`` into its
+    table's rid. A NAME it does not know is taken as the table's identity itself.
+    """
     kind, _, rest = text.partition(":")
+    if kind == "table" and tables is not None:
+        found = tables.split(rest)
+        if found is not None:
+            dataset, key = found
+            return rids.table_rid(rids.dataset_table(dataset), key)
     if kind == "kafka":
         topic, _, offset = rest.rpartition(":")
         topic, _, partition = topic.rpartition(":")
@@ -54,3 +65,10 @@ def parse_source(text: str) -> int:
         if query and batch is not None:
             return rids.state_rid(query, rids.FOREACH_BATCH_OP, batch)
     raise LineageError(f"{text!r}: expected {SOURCE_FORMS}")
+
+
+def checked_source(text: str) -> str:
+    """``text``, once it has the form of an address (else ``LineageError``): turned into a rid later, by the
+    client that knows the store's tables (``LineageClient.rid_of``)."""
+    parse_source(text)
+    return text

@@ -39,13 +39,18 @@ from headwater.adapters.graph import GraphUnavailable
 from headwater.core import config as configuration
 from headwater.core.config import Config
 
+from headwater.core import rid as rids
+from headwater.core.plan import location_key
+
+from .address import parse_source
 from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
 from .cypher import CypherBackend
-from .fallback import Fallback
+from .datasets import Tables, shown
+from .fallback import Fallback, offset_ranges
 from .forward_fallback import Forward
 from .parquet import CSProvBackend, RecursiveBackend
-from .payload import attach_payload
-from .walk import MAX_REACH
+from .payload import attach_payload, table_location
+from .walk import MAX_REACH, is_target
 
 # cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
 # rq: the Parquet store scanned whole at every level (the baseline CSProv is measured against).
@@ -57,6 +62,7 @@ MAX_PATHS = 100  # paths kept per answer row, at most, for how-provenance
 TIMEOUT_S = 60.0  # a question still walking after this long is refused (checked at each level of a walk)
 # The graph store not answering: auto then asks the Parquet store.
 GRAPH_AWAY = (GraphUnavailable, ServiceUnavailable, SessionExpired, OSError)
+TABLES_TTL_S = 5.0  # how long the static tables' names are kept before the store is asked again
 
 
 def moment(value, name: str) -> datetime | None:
@@ -117,10 +123,12 @@ class LineageClient:
         self.timeout_s = timeout_s
         self._backends: dict[str, WalkingBackend] = {}
         self._making = threading.Lock()  # questions from several threads make each backend once
-        # Inference keeps plans, tables and replays between questions, unlocked: one question at a time.
-        self._inferring = threading.Lock()
+        # Inference keeps plans, tables and replays between questions, unlocked: one question at a time
+        # (reentrant: an inferred answer's payloads read the same log).
+        self._inferring = threading.RLock()
         self._fallback: Fallback | None = None
         self._forward: Forward | None = None
+        self._tables: tuple[float, Tables] | None = None
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -154,37 +162,78 @@ class LineageClient:
                 missed.append(f"the graph store did not answer ({type(exc).__name__})")
         raise UnknownRow(missed[0] if len(missed) == 1 else f"rid {rid}: " + "; ".join(missed))
 
+    def tables(self) -> Tables:
+        """The static tables the store describes, to find one by name (``datasets.Tables``)."""
+        held = self._tables
+        if held is None or time.monotonic() - held[0] > TABLES_TTL_S:
+            described = {}
+            for name in self.names:
+                try:
+                    described = {**self._backend(name).datasets(), **described}
+                except GRAPH_AWAY:
+                    if len(self.names) == 1:
+                        raise
+            held = self._tables = (time.monotonic(), Tables(described))
+        return held[1]
+
+    def rid_of(self, row: int | str) -> int:
+        """The rid of ``row``: a rid as it is, or an address (``kafka:orders:0:17``, ``table:customers:7`` …)."""
+        return parse_source(row, self.tables()) if isinstance(row, str) else row
+
+    @staticmethod
+    def _shown(answer: Answer) -> Answer:
+        """``answer`` with static tables named as people see them (``datasets.shown``), each row's table kept."""
+        names = shown([x.dataset for x in answer] + [u.get("dataset") for u in answer.unexplained])
+        if names:
+            for item in answer:
+                if item.dataset in names:
+                    item.table, item.dataset = rids.dataset_table(item.dataset), names[item.dataset]
+            for row in answer.unexplained:
+                row["dataset"] = names.get(row.get("dataset"), row.get("dataset"))
+        return answer
+
     def with_payload(self, found: list[Lineage], backend: WalkingBackend | None = None) -> list[Lineage]:
         """``found`` with each row's original source record added (what ``payload=True`` does)."""
         backend = backend or self._backend(self.names[0])
         datasets: dict = {}
         for item in found:
-            if item.dataset and item.topic is None and item.dataset not in datasets:
-                datasets[item.dataset] = backend.dataset(item.dataset)
-            attach_payload(item, self.config.bootstrap, datasets.get(item.dataset))
+            dataset = rids.table_dataset(item.table) if item.table else item.dataset  # shown short, or not yet
+            versions = None
+            if dataset and item.topic is None and dataset not in datasets:
+                datasets[dataset] = backend.dataset(dataset)
+            location = table_location(datasets.get(dataset) or {})
+            if location is not None:
+                with self._inferring:
+                    versions = self._fallbacks()[0].logged_versions(location_key(location), item.batches)
+            attach_payload(item, self.config.bootstrap, datasets.get(dataset), versions)
         return found
 
-    def backward(self, rid: int, to: str = "source", depth: int = 16, payload: bool = False,
+    def backward(self, rid: int | str, to: str = "source", depth: int = 16, payload: bool = False,
                  cols: int | None = None, paths: int = 0, since=None, until=None) -> Answer:
-        """The rows (``to``: a kind of row or a dataset) ``rid`` was derived from, within ``depth`` edges."""
+        """The rows (``to``: a kind of row or a dataset) ``rid`` (a rid or an address, ``rid_of``) was derived
+        from, within ``depth`` edges."""
         return self._one_way(rid, to, depth, payload, cols, paths, since, until, backward=True)
 
-    def forward(self, rid: int, to: str = "output", depth: int = 16, payload: bool = False,
+    def forward(self, rid: int | str, to: str = "output", depth: int = 16, payload: bool = False,
                 cols: int | None = None, paths: int = 0, since=None, until=None) -> Answer:
         """The rows (``to``) derived from ``rid``, within ``depth`` edges."""
         return self._one_way(rid, to, depth, payload, cols, paths, since, until, backward=False)
 
-    def co_contributors(self, rid: int, to: str = "source", via: str = "output", depth: int = 16,
+    def co_contributors(self, rid: int | str, to: str = "source", via: str = "output", depth: int = 16,
                         payload: bool = False, since=None, until=None) -> Answer:
         """The ``to`` rows used together with ``rid`` to make ``via`` rows (TensProv Q10)."""
         return self._two_ways(rid, to, via, depth, payload, since, until, first_backward=False)
 
-    def co_dependents(self, rid: int, to: str = "output", via: str = "source", depth: int = 16,
+    def co_dependents(self, rid: int | str, to: str = "output", via: str = "source", depth: int = 16,
                       payload: bool = False, since=None, until=None) -> Answer:
         """The ``to`` rows derived from the ``via`` rows ``rid`` was derived from (TensProv Q11)."""
         return self._two_ways(rid, to, via, depth, payload, since, until, first_backward=True)
 
-    def _one_way(self, rid, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
+    def _one_way(self, row, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
+        rid = self.rid_of(row)
+        return self._shown(self._asked_one_way(row, rid, to, depth, payload, cols, paths, since, until, backward))
+
+    def _asked_one_way(self, row, rid, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
         if cols is not None and (not isinstance(cols, int) or isinstance(cols, bool) or cols == 0):
             raise LineageError(f"cols is a non-zero bit mask of columns, not {cols!r}")
         if not isinstance(paths, int) or isinstance(paths, bool) or not 0 <= paths <= MAX_PATHS:
@@ -194,17 +243,38 @@ class LineageClient:
         deadline = time.monotonic() + self.timeout_s
         try:
             backend = self._holding(rid)
-        except UnknownRow:
+        except UnknownRow as unknown:
             with self._inferring:
                 inferred = self._inferred(rid, to, payload, deadline) if backward else \
                     self._inferred_forward(rid, to, cols, payload, deadline)
-            if inferred is None:
-                raise
+                if not backward:  # fully captured batches that read it, and dropped it: nothing derives from it
+                    read = self._fallbacks()[1].find(rid, deadline, captured=True)
+                    if read is not None:
+                        inferred = Answer(rid, [], [], []) if inferred is None else inferred
+                        inferred.read_by = read.gaps
+                if inferred is None:
+                    raise UnknownRow(self._never_read(row, rid, unknown)) from None
             return inferred
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
                                        deadline, window.outside(backend))
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
         return self._answer(backend, rid, found, [(walked, records, backward)], payload)
+
+    def _never_read(self, row: int | str, rid: int, unknown: UnknownRow) -> str:
+        """Why no store holds the row and no batch the log records read it, as precisely as ``row`` allows."""
+        said = f"{unknown}; and no batch the batch log records read it"
+        kind, _, rest = row.partition(":") if isinstance(row, str) else ("", "", "")
+        if kind == "kafka":
+            topic, partition, offset = rest.rsplit(":", 2)
+            spans = [span for _, _, _, entry in self._fallbacks()[1].batches_read()
+                     for (t, p), span in offset_ranges(entry["sources"]).items() if (t, p) == (topic, int(partition))]
+            if not spans:
+                return f"{said}: no batch read partition {partition} of topic {topic!r}"
+            first, last = min(start for start, _ in spans), max(end for _, end in spans) - 1
+            return f"{said}: batches read offsets {first} to {last} of {topic}:{partition}, not {offset}"
+        if kind == "table":
+            return f"{said}: no table row has that key, or no table of that name was read ({row})"
+        return said
 
     def _inferred(self, rid: int, to: str, payload: bool, deadline: float) -> Answer | None:
         """The answer for a sink row no store holds because its batch published no edges:
@@ -218,7 +288,7 @@ class LineageClient:
                                f"is inferred, to sources only (to=source or a dataset), not to {to!r}")
         status = (self._fallback.log.refresh().batch(query, batch) or {}).get("status")
         found, _ = self._fallback.backward(query, batch, rid, values)
-        found = [x for x in found if to == "source" or x.dataset == to]
+        found = [x for x in found if is_target(to, x.kind, x.dataset)]
         if payload:
             found = self.with_payload(found)
         return Answer(rid, ordered(found), [Gap(query, batch, status)], [])
@@ -237,7 +307,7 @@ class LineageClient:
                                f"inferred, to their output rows only (to=output or {' or '.join(queries)}), not to "
                                f"{to!r}")
         found = [x for x in forward.derived(rid, read, deadline)
-                 if (to == "output" or x.dataset == to) and (cols is None or x.cols & cols)]
+                 if is_target(to, x.kind, x.dataset) and (cols is None or x.cols & cols)]
         if payload:
             found = self.with_payload(found)
         return Answer(rid, ordered(found), read.gaps, [])
@@ -249,7 +319,8 @@ class LineageClient:
                 self._forward = Forward(self._fallback)
             return self._fallback, self._forward
 
-    def _two_ways(self, rid, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
+    def _two_ways(self, row, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
+        rid = self.rid_of(row)
         check_depth(depth)
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
@@ -265,7 +336,7 @@ class LineageClient:
                                            deadline=deadline, outside=outside)
             legs.append((second, records, not first_backward))
             found = [x for x in lineage_of(rid, second.found, records, to) if x.rid != rid]
-        return self._answer(backend, rid, ordered(found), legs, payload)
+        return self._shown(self._answer(backend, rid, ordered(found), legs, payload))
 
     def _answer(self, backend: WalkingBackend, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
         crossed = set().union(*(walked.crossed for walked, _, _ in legs))

@@ -53,6 +53,11 @@ class Lineage:
     # data-flow order (the first ones in sorted order); paths_cut: there were more.
     paths: list[list] | None = None
     paths_cut: bool | None = None
+    # A static table's row: where the table lives (its identity), which ``dataset`` names short.
+    table: str | None = None
+    # With a static table row's payload: the table changed since the batches that read the row,
+    # so the payload is the row as it is now, not as they read it.
+    changed_since: bool | None = None
 
     def to_dict(self) -> dict:
         found = asdict(self)
@@ -62,7 +67,8 @@ class Lineage:
         return found
 
 
-OPTIONAL_FIELDS = ("payload", "paths", "paths_cut")  # in a record only when asked for
+# In a record only when asked for, or where they apply (a static table's row).
+OPTIONAL_FIELDS = ("payload", "paths", "paths_cut", "table", "changed_since")
 
 
 @dataclass
@@ -91,6 +97,9 @@ class Answer:
     records: list[Lineage]
     gaps: list[Gap] = field(default_factory=list)
     unexplained: list[dict] = field(default_factory=list)  # {"rid", "kind", "dataset"} of each
+    # Forward from a source row no store holds: the fully captured batches that read it and derived
+    # nothing from it (dropped by a filter, a join, a watermark…): an empty answer, and complete.
+    read_by: list[Gap] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -108,7 +117,8 @@ class Answer:
     def summary(self) -> dict:
         """Everything but the records."""
         return {"of": self.of, "records": len(self.records), "complete": self.complete,
-                "gaps": [asdict(g) for g in self.gaps], "unexplained": self.unexplained}
+                "gaps": [asdict(g) for g in self.gaps], "unexplained": self.unexplained,
+                "read_by": [asdict(b) for b in self.read_by]}
 
 
 def ordered(found) -> list[Lineage]:
@@ -179,7 +189,13 @@ class WalkingBackend:
         """The batch log's capture status of each ``(query, batch)``; None where it has none."""
         raise NotImplementedError
 
+    def datasets(self) -> dict[str, dict]:
+        """Every static dataset's description (``dataset``), by name."""
+        return {}
+
     def dataset(self, name: str) -> dict | None:
+        """A static dataset's description, as the indexer keeps it from the plan log: ``short_name``,
+        ``table`` (its identity), ``location``, ``format``, ``options``, ``key``…; None if none is kept."""
         return None
 
     def close(self) -> None:

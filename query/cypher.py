@@ -61,6 +61,9 @@ class CypherBackend(WalkingBackend):
         found = batch_fields(self._driver, pairs, self.config.graph_database)
         return {pair: fields["at"] for pair, fields in found.items()}
 
+    def datasets(self) -> dict[str, dict]:
+        return {row["p"]["name"]: row["p"] for row in self._run("MATCH (d:Dataset) RETURN properties(d) AS p")}
+
     def dataset(self, name: str) -> dict | None:
         rows = self._run("MATCH (d:Dataset {name: $name}) RETURN properties(d) AS p", name=name)
         return rows[0]["p"] if rows else None

@@ -33,8 +33,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from headwater.adapters.table_files import TableUnreadable, read_table, table_version
 from headwater.core import rid as rids
 from headwater.core.config import Config
+from headwater.core.plan import location_key
 from headwater.indexer.batch_log import BatchLog
 from headwater.indexer.plans import PlanStore
 
@@ -74,6 +76,29 @@ class Fallback:
         if kept["fingerprint"] not in self._prepared:
             self._prepared[kept["fingerprint"]] = prepare(plan)
         return plan, self._prepared[kept["fingerprint"]], kept
+
+    def logged_versions(self, key: str, batches) -> set[str]:
+        """The versions of the static table ``key`` (``plan.location_key``) that batches numbered ``batches``
+        of any query logged reading it."""
+        log = self.log.refresh()
+        return {version for query in self.plans.queries() for batch in batches
+                if (version := (((log.batch(query, batch) or {}).get("tables")) or {}).get(key))}
+
+    def changed_tables(self, plan: Plan, entry: dict) -> list[str]:
+        """The static tables of ``plan`` whose files differ now from the versions the batch (its log
+        ``entry``) logged: read now, they may not be the rows the batch read."""
+        logged = entry.get("tables") or {}
+        changed = []
+        for relation in plan.operators():
+            if isinstance(relation, Relation) and not relation.streaming and relation.location:
+                key = location_key(relation.location)
+                try:
+                    now = table_version(relation.location)["digest"]
+                except TableUnreadable:
+                    now = None
+                if key in logged and logged[key] != now:
+                    changed.append(key)
+        return changed
 
     def entry(self, query: str, batch: int) -> dict:
         """The batch log's entry of the batch, which must hold the offsets it read."""
@@ -142,6 +167,10 @@ class Fallback:
             raise LineageError(f"the row lacks the plan's output columns {missing}")
         table, read = self.tables(entry, kept)
         inferred = infer(plan, [values[a.name] for a in plan.root.output], table, prepared=prepared)
+        changed = self.changed_tables(plan, entry)
+        if changed:  # inferred from rows the batch may not have read: never claimed exact
+            inferred.exact = False
+            inferred.reasons.append(f"static tables changed since the batch read them: {', '.join(changed)}")
         relations = {op.id: op for op in plan.operators() if isinstance(op, Relation)}
         found: dict[int, Lineage] = {}
         for relation_id, positions in inferred.rows.items():
@@ -172,17 +201,18 @@ class Fallback:
         reads, in the order ``relation_rows`` reads them (all rows, or those at ``positions``):
         by the key declared for it, or else by their content (``content_rids``)."""
         source = static_source(relation, kept)
-        dataset, key, hashed = source["dataset"], tuple(source.get("key") or ()), tuple(source.get("hashed") or ())
+        table, key, hashed = source["table"], tuple(source.get("key") or ()), tuple(source.get("hashed") or ())
         if key and positions is not None:  # a few rows: their keys hashed, not the whole table's
-            return _keyed_rids(dataset, key, self._files(relation.location)[1].iloc[positions])
-        cache = (tuple(relation.location["paths"]), dataset, key, hashed)
+            return _keyed_rids(table, key, self._files(relation.location)[1].iloc[positions])
+        files = self._files(relation.location)
+        cache = (id(files[0]), table, key, hashed)  # the files as read now: kept per version
         if cache not in self._table_rids:
-            self._table_rids[cache] = (_keyed_rids(dataset, key, self._files(relation.location)[1]) if key
-                                       else self.content_rids(relation, dataset, hashed))
+            self._table_rids[cache] = (_keyed_rids(table, key, files[1]) if key
+                                       else self.content_rids(relation, table, hashed))
         found = self._table_rids[cache]
         return found if positions is None else found[positions]
 
-    def content_rids(self, relation: Relation, dataset: str, hashed: tuple[str, ...] = ()) -> np.ndarray:
+    def content_rids(self, relation: Relation, table: str, hashed: tuple[str, ...] = ()) -> np.ndarray:
         """The rids capture gives the rows of a static table without a declared key, in the order
         ``relation_rows`` reads them: each hashes its row's values over the columns capture hashed
         (``hashed``, as capture logged them; none logged: every column the relation reads).
@@ -195,29 +225,32 @@ class Fallback:
         hashed = hashed or tuple(types)
         unknown = [name for name in hashed if name not in types]
         if unknown:
-            raise LineageError(f"static table {dataset!r} has no declared key and its rows' rids hash the columns "
+            raise LineageError(f"static table {table!r} has no declared key and its rows' rids hash the columns "
                                f"{unknown}, which the plan's relation does not read (declare keys= in Tracer.trace)")
-        table = self._files(relation.location)[0]
-        missing = [name for name in hashed if name not in table.column_names]
+        files = self._files(relation.location)[0]
+        missing = [name for name in hashed if name not in files.column_names]
         if missing:
-            raise LineageError(f"static table {dataset!r} has no declared key and its files lack the columns "
+            raise LineageError(f"static table {table!r} has no declared key and its files lack the columns "
                                f"{missing} its rows' rids hash (declare keys= in Tracer.trace)")
         try:
-            found = rids.table_row_rids(dataset, [table.column(name).to_pylist() for name in hashed],
+            found = rids.table_row_rids(table, [files.column(name).to_pylist() for name in hashed],
                                         [types[name] for name in hashed])
         except rids.UnhashableType as e:
-            raise LineageError(f"static table {dataset!r} has no declared key, and its rows' rids hash a "
+            raise LineageError(f"static table {table!r} has no declared key, and its rows' rids hash a "
                                f"column whose hash is not reproduced here ({e}); declare keys= in "
                                f"Tracer.trace") from None
         return np.array(found, dtype=np.int64)
 
     def _files(self, location: dict) -> tuple[pa.Table, pd.DataFrame]:
-        """A static table's rows, as pyarrow and pandas read them, read once."""
-        cache = tuple(location["paths"])
-        if cache not in self._static:
-            paths = [p.removeprefix("file:") for p in location["paths"]]
-            table = ds.dataset(paths, format=location.get("format", "parquet")).to_table()
-            self._static[cache] = (table, table.to_pandas())
+        """A static table's rows, as Spark reads its files (``table_files``) and as pandas holds them, read
+        once per version of its files."""
+        try:
+            cache = (location_key(location), table_version(location)["digest"])
+            if cache not in self._static:
+                table = read_table(location, location.get("columns"))
+                self._static[cache] = (table, table.to_pandas())
+        except TableUnreadable as exc:
+            raise LineageError(f"the static table cannot be read back: {exc}") from None
         return self._static[cache]
 
 
@@ -294,9 +327,9 @@ def _record(kind: str, dataset: str | None, key: tuple, row: pd.Series, of: int,
     return Lineage(rid=table_rid, dataset=dataset, key=text, **common)
 
 
-def _keyed_rids(dataset: str, key: tuple, frame: pd.DataFrame) -> np.ndarray:
-    """The rids of a static table's rows (``frame``) by their declared key, as capture names them."""
-    return np.array([rids.table_rid(dataset, rids.KEY_SEPARATOR.join(key_text(v) for v in values))
+def _keyed_rids(table: str, key: tuple, frame: pd.DataFrame) -> np.ndarray:
+    """The rids of static table ``table``'s rows (``frame``) by their declared key, as capture names them."""
+    return np.array([rids.table_rid(table, rids.KEY_SEPARATOR.join(key_text(v) for v in values))
                      for values in zip(*(frame[k].tolist() for k in key))], dtype=np.int64)
 
 

@@ -75,9 +75,10 @@ class Forward:
         self.fallback = fallback
         self._replays: OrderedDict[tuple[str, int], _Replay] = OrderedDict()
 
-    def find(self, rid: int, deadline: float | None = None) -> Read | None:
-        """The row ``rid`` names and the uncaptured batches that read it; None if no such batch read it."""
-        uncaptured = self._uncaptured(rid, deadline)
+    def find(self, rid: int, deadline: float | None = None, captured: bool = False) -> Read | None:
+        """The row ``rid`` names and the batches not fully captured (``captured``: the fully captured
+        ones) that read it; None if no such batch read it."""
+        uncaptured = self.batches_read(rid, deadline, captured)
         kafka = None
         for query, batch, status, entry in uncaptured:
             for (topic, partition), (start, end) in offset_ranges(entry["sources"]).items():
@@ -116,14 +117,17 @@ class Forward:
             found += self._derived_in(rid, read, query, batch)
         return found
 
-    def _uncaptured(self, rid: int, deadline: float | None) -> list[tuple[str, int, str, dict]]:
-        """``(query, batch, status, log entry)`` of every logged batch not fully captured that has offsets."""
+    def batches_read(self, rid: int | None = None, deadline: float | None = None,
+                     captured: bool | None = None) -> list[tuple[str, int, str, dict]]:
+        """``(query, batch, status, log entry)`` of every batch the log records with its offsets: those not
+        fully captured (``captured=False``), the fully captured ones (``True``), or all (None)."""
         log = self.fallback.log.refresh()
         found = []
         for query in self.fallback.plans.queries():
             statuses = log.statuses((query, batch) for batch in log.batches(query))
             for (_, batch), status in sorted(statuses.items()):
-                if status in (None, "full"):  # as ``Fallback.locate``: its rows are in the stores or nowhere
+                # As ``Fallback.locate``: an unlogged batch's rows are in the stores or nowhere.
+                if status is None or captured is not None and (status == "full") != captured:
                     continue
                 _check(deadline, rid)
                 entry = log.batch(query, batch)
@@ -134,9 +138,12 @@ class Forward:
     def _derived_in(self, rid: int, read: Read, query: str, batch: int) -> list[Lineage]:
         replay = self._replay(query, batch)
         mask = _mask(replay.kept, read)
+        plan = self.fallback.plan(query, batch)[0]
         if replay.keys is None:  # every row of the batch: a superset, flagged as one
             return [_output(rid, query, batch, out, mask, False) for _, out in replay.sink]
-        relations = {op.id: op for op in self.fallback.plan(query, batch)[0].operators() if isinstance(op, Relation)}
+        # Replayed over static tables changed since the batch read them: never claimed exact.
+        current = not self.fallback.changed_tables(plan, self.fallback.entry(query, batch))
+        relations = {op.id: op for op in plan.operators() if isinstance(op, Relation)}
         targets = set()
         for relation_id, (frame, (kind, dataset, _)) in replay.read.items():
             if kind == "kafka" and read.kind == "kafka":
@@ -151,7 +158,8 @@ class Forward:
         equal = Counter(replay.keys)
         # Equal output rows are told apart by nothing but their rids: a sink row equal to rows that
         # derive from the asked row and to rows that do not may be either.
-        return [_output(rid, query, batch, out, mask, derived[k] == equal[k]) for k, out in replay.sink if k in derived]
+        return [_output(rid, query, batch, out, mask, current and derived[k] == equal[k])
+                for k, out in replay.sink if k in derived]
 
     def _replay(self, query: str, batch: int) -> _Replay:
         if (query, batch) in self._replays:

@@ -44,7 +44,7 @@ from headwater.indexer.generation import compacted_root, current_number
 from headwater.indexer.store import EdgeStore
 
 from . import api
-from .address import SOURCE_FORMS, parse_source
+from .address import SOURCE_FORMS, checked_source
 from .backend import MAX_DEPTH, OPTIONAL_FIELDS, Lineage, LineageError, UnknownRow, check_depth
 
 TOKEN_ENV = "HEADWATER_HTTP_TOKEN"
@@ -140,7 +140,7 @@ _INT64 = {"type": "integer", "format": "int64"}
 ROW = (
     Param("rid", _INT64, "The row's rid (e.g. a sink row's _hw_rid). Exactly one of rid and source.", _rid),
     Param("source", {"type": "string"}, f"The row's address: {SOURCE_FORMS}. Exactly one of rid and source.",
-          parse_source),
+          checked_source),
 )
 BACKEND = Param("backend", {"type": "string"}, "cypher: the graph store; csprov: the Parquet store by connected "
                 "sets; rq: the Parquet store scanned whole; auto: the graph when it answers and holds the row, else "
@@ -219,9 +219,19 @@ _FIELD_SCHEMAS = {
 }
 
 
+# Fields whose meaning their type does not tell.
+_NAMED_FIELD_SCHEMAS = {
+    "table": {"type": "string", "nullable": True, "description": "A static table's row: where the table lives "
+              "(file paths or catalog name); dataset is its short name."},
+    "changed_since": {"type": "boolean", "nullable": True, "description": "Only with payload=true, for a static "
+                      "table's row: the table changed since the batches that read the row, so the payload is the "
+                      "row as it is now."},
+}
+
+
 def _schema_of_lineage() -> dict:
     """``Lineage``'s fields as an OpenAPI schema; a field of a type not mapped here fails loudly, not silently."""
-    properties = {f.name: _FIELD_SCHEMAS[f.type] for f in fields(Lineage)}
+    properties = {f.name: _NAMED_FIELD_SCHEMAS.get(f.name) or _FIELD_SCHEMAS[f.type] for f in fields(Lineage)}
     return {"type": "object", "properties": properties,
             "required": [n for n in properties if n not in OPTIONAL_FIELDS]}
 
@@ -268,7 +278,7 @@ def openapi(default_backend: str, secured: bool) -> dict:
         "components": {"schemas": {
             "Lineage": _schema_of_lineage(),
             "Answer": {"type": "object", "required": ["of", "answer", "truncated", "complete", "gaps",
-                                                      "unexplained"], "properties": {
+                                                      "unexplained", "read_by"], "properties": {
                 "of": {**_INT64, "description": "The rid asked about."},
                 "answer": {"type": "array", "items": {"$ref": "#/components/schemas/Lineage"}},
                 "truncated": {"type": "boolean", "description": "The answer was cut to the server's max_results."},
@@ -282,7 +292,12 @@ def openapi(default_backend: str, secured: bool) -> dict:
                                 "yet have no recorded inputs: lineage stops there.", "items": {
                                     "type": "object", "properties": {"rid": _INT64,
                                                                      "kind": {"type": "string", "nullable": True},
-                                                                     "dataset": {"type": "string", "nullable": True}}}}}},
+                                                                     "dataset": {"type": "string", "nullable": True}}}},
+                "read_by": {"type": "array", "description": "Forward from a source row: the fully captured batches "
+                            "that read it and derived nothing from it (filtered, unmatched, late, duplicate): the "
+                            "empty answer is complete.", "items": {
+                                "type": "object", "properties": {"query": {"type": "string"}, "batch": _INT64,
+                                                                 "status": {"type": "string", "nullable": True}}}}}},
             "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}}},
     }
     if secured:
@@ -551,7 +566,7 @@ class LineageServer(ThreadingHTTPServer):
         exc = sys.exc_info()[1]
         self.say(f"{client_address[0]} connection error: {type(exc).__name__}: {exc}")
 
-    def ask(self, route: Route, backend: str, rid: int, options: dict) -> dict:
+    def ask(self, route: Route, backend: str, rid: int | str, options: dict) -> dict:
         client, serial = self.clients.get(backend)
         payload = options.pop("payload", False)
         with serial:
@@ -561,8 +576,9 @@ class LineageServer(ThreadingHTTPServer):
         if payload:  # only the rows kept: a payload may be one Kafka read each
             found = client.with_payload(found)
         summary = answer.summary()
-        return {"of": rid, "answer": [item.to_dict() for item in found], "truncated": truncated,
-                "complete": summary["complete"], "gaps": summary["gaps"], "unexplained": summary["unexplained"]}
+        return {"of": answer.of, "answer": [item.to_dict() for item in found], "truncated": truncated,
+                "complete": summary["complete"], "gaps": summary["gaps"], "unexplained": summary["unexplained"],
+                "read_by": summary["read_by"]}
 
     def start(self) -> "LineageServer":
         self._thread = threading.Thread(target=self.serve_forever, name="headwater-http", daemon=True)

@@ -96,6 +96,9 @@ class _ParquetBackend(WalkingBackend):
         self.log.refresh()
         return {pair: (self.log.batch(*pair) or {}).get("at") for pair in pairs}
 
+    def datasets(self) -> dict[str, dict]:
+        return self.log.refresh().datasets()
+
     def dataset(self, name: str) -> dict | None:
         return self.log.refresh().dataset(name)
 

@@ -6,10 +6,13 @@ import base64
 import json
 import re
 
-from headwater.adapters.kafka import read_records
+from headwater.adapters.kafka import KafkaSourceError, record_at
+from headwater.adapters.table_files import TableUnreadable, read_table, table_version
+from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
 
 from .backend import Lineage
+from .fallback import key_text
 
 
 def _decode(raw: bytes | None):
@@ -26,28 +29,52 @@ def _decode(raw: bytes | None):
 
 
 def kafka_record(bootstrap: str, topic: str, partition: int, offset: int) -> dict:
-    for record in read_records(bootstrap, topic, partition, offset, offset + 1):
-        return {"key": _decode(record.key), "value": _decode(record.value), "timestamp": record.timestamp}
-    return {"error": f"no record at {topic}:{partition}:{offset} (expired or never written)"}
+    try:
+        record = record_at(bootstrap, topic, partition, offset)
+    except KafkaSourceError as exc:
+        return {"error": f"{topic}:{partition}:{offset} cannot be read: {exc}"}
+    return {"key": _decode(record.key), "value": _decode(record.value), "timestamp": record.timestamp}
 
 
-def static_row(location: str | None, file_format: str | None, key_columns: list[str], key: str | None) -> dict:
-    """The row of a file-backed static table whose key (as text) is ``key``."""
-    if not location or not key_columns or key is None:
-        return {"error": "this table was traced without a declared key or file location; its rows cannot be fetched"}
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
+def table_location(described: dict) -> dict | None:
+    """A static table's location as ``table_files`` reads it, from its description (``WalkingBackend.dataset``)."""
+    if not described.get("location"):
+        return None
+    return {"paths": described["location"].split(","), "format": described.get("format") or "parquet",
+            "options": json.loads(described.get("options") or "{}"),
+            "columns": json.loads(described.get("columns") or "null")}
 
-    paths = [re.sub(r"^file:", "", p) for p in location.split(",")]
-    table = ds.dataset(paths, format=file_format or "parquet").to_table()
-    mask = None
-    for column, value in zip(key_columns, key.split(KEY_SEPARATOR)):
-        match = pc.equal(pc.cast(table.column(column), "string"), value)
-        mask = match if mask is None else pc.and_(mask, match)
-    rows = table.filter(mask).to_pylist()
-    if not rows:
-        return {"error": f"no row with key {key!r} in {location}"}
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in rows[0].items()}
+
+def static_row(described: dict | None, key: str | None, rid: int) -> dict:
+    """The row ``rid`` of a file-backed static table, described as the indexer keeps it: by its
+    declared key (``key``, as text), or, for a table without one, by the rid of each row's content."""
+    location = table_location(described or {})
+    if location is None:
+        return {"error": "where this table's rows live was not logged (rows made in memory, or a table no "
+                         "files back): they cannot be fetched"}
+    table = read_table(location, location["columns"])
+    if described.get("key"):
+        columns = described["key"].split(",")
+        wanted = (key or "").split(KEY_SEPARATOR)
+        texts = [[None if v is None else key_text(v) for v in table.column(c).to_pylist()] for c in columns]
+        hits = [i for i, values in enumerate(zip(*texts)) if list(values) == wanted]
+    else:
+        hashed = described.get("hashed", "").split(",") if described.get("hashed") else table.column_names
+        types = dict(location["columns"] or [])
+        missing = [c for c in hashed if c not in table.column_names or c not in types]
+        if missing:
+            return {"error": f"the table's rows are named by the content of columns {missing}, which its files "
+                             f"do not hold as such: its rows cannot be told apart here"}
+        named = rids.table_row_rids(described["table"], [table.column(c).to_pylist() for c in hashed],
+                                    [types[c] for c in hashed])
+        hits = [i for i, found in enumerate(named) if found == rid]
+    if not hits:
+        return {"error": f"no such row in {described['location']} now"}
+    return _plain(table.slice(hits[0], 1).to_pylist()[0])
+
+
+def _plain(row: dict) -> dict:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
 
 
 def file_row(path: str, position: int | None) -> dict:
@@ -63,17 +90,25 @@ def file_row(path: str, position: int | None) -> dict:
         return {"error": f"cannot read {path}: {exc}"}
     if not rows:
         return {"error": f"{path} has no row {position}"}
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in rows[0].items()}
+    return _plain(rows[0])
 
 
-def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None) -> None:
-    if item.topic is not None:
-        item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset)
-    elif item.path is not None:
-        item.payload = file_row(item.path, item.position)
-    elif item.kind == "source" and item.dataset == "rate":
-        item.payload = {"value": int(item.key)}
-    elif item.kind == "source":
-        props = dataset or {}
-        key_columns = props["key"].split(",") if props.get("key") else []
-        item.payload = static_row(props.get("location"), props.get("format"), key_columns, item.key)
+def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None, versions: set[str] | None = None) -> None:
+    """``item`` with its original record as ``payload``: ``{"error": why}`` where it cannot be had, never
+    an exception. A static table row whose table changed since the batches that read it (``versions``:
+    the table's versions they logged) is its row now, ``changed_since`` true (a plain file keeps no
+    earlier version to read)."""
+    try:
+        if item.topic is not None:
+            item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset)
+        elif item.path is not None:
+            item.payload = file_row(item.path, item.position)
+        elif item.kind == "source" and item.dataset == "rate":
+            item.payload = {"value": int(item.key)}
+        elif item.kind == "source":
+            location = table_location(dataset or {})
+            if location is not None and versions:
+                item.changed_since = table_version(location)["digest"] not in versions
+            item.payload = static_row(dataset, item.key, item.rid)
+    except (TableUnreadable, OSError, ValueError) as exc:
+        item.payload = {"error": f"{type(exc).__name__}: {exc}"}

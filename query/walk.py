@@ -34,6 +34,7 @@ from typing import Callable
 import pyarrow as pa
 
 from .backend import LineageError
+from .datasets import names_table
 
 KINDS = ("source", "state", "output")
 MAX_REACH = 1_000_000  # rows a walk may reach before it is refused as unbounded
@@ -151,5 +152,6 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
 
 
 def is_target(to: str, kind: str | None, dataset: str | None) -> bool:
-    """``to`` names a kind of row (source, state, output) or else a dataset."""
-    return kind == to if to in KINDS else dataset == to
+    """``to`` names a kind of row (source, state, output) or else a dataset (a static table by any of
+    its names, ``datasets.names_table``)."""
+    return kind == to if to in KINDS else dataset == to or names_table(to, dataset)

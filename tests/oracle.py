@@ -64,4 +64,9 @@ def as_input(row) -> Input:
         return ("file", row.path.rsplit("/", 1)[-1], row.position)
     if row.dataset == "rate":
         return ("rate", int(row.key))
-    return ("table", row.dataset, row.key)
+    # A static table's row: by its table's short name, whether the record shows it or, unshown (the
+    # fallback's own records), names the table by where it lives.
+    from headwater.core.rid import dataset_table
+    from headwater.query.datasets import short_name
+
+    return ("table", short_name(row.dataset) if dataset_table(row.dataset) else row.dataset, row.key)

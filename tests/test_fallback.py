@@ -91,7 +91,7 @@ def test_every_input_row_of_an_uncaptured_stream_gets_its_forward_lineage_inferr
     with LineageClient(config, backend="csprov") as client:
         for customer in data.customers():
             key = str(customer["customer_id"])
-            answer = client.forward(table_rid("customers", key))
+            answer = client.forward(f"table:customers:{key}")  # the one customers table this store describes
             assert {order_of[x.rid] for x in answer} == derived.get(("table", "customers", key), set()), key
             assert all(x.via == "inference" and x.exact for x in answer)
             assert [g.batch for g in answer.gaps] == batches
@@ -181,7 +181,8 @@ def keyless(spark, stack_config, tmp_path_factory):
     (source,) = (s for s in PlanStore(config.store_path(), config.log_topic).latest("enriched_orders")["sources"]
                  if s["source"] == "static")
     assert source["key"] == [] and source["hashed"] == customers.columns
-    content = F.xxhash64(F.lit("table"), F.lit("customers"), *[F.col(c) for c in customers.columns])
+    table = f"file:{workdir / 'customers.parquet'}"  # the table's identity: where it lives
+    content = F.xxhash64(F.lit("table"), F.lit(table), *[F.col(c) for c in customers.columns])
     named = dict(customers.select("customer_id", content).collect())
     read = records_read(query)
     return config, rows, demo_lineage(topic, events, coordinates, data.customers()), named, sorted(set(read.values()))
@@ -240,23 +241,25 @@ def test_table_rids_name_rows_by_the_declared_key_or_by_the_columns_capture_hash
     from headwater.query.infer.operators import Relation
 
     pq.write_table(pa.table({"id": [1, 2, 3], "name": ["a", "b", None], "w": [1.5, 2.0, -0.0]}), tmp_path / "d.parquet")
-    location = {"paths": [f"file:{tmp_path / 'd.parquet'}"], "format": "parquet"}
+    table = f"file:{tmp_path / 'd.parquet'}"  # the table's identity: where it lives, not its name
+    location = {"paths": [table], "format": "parquet"}
     relation = Relation(0, "Relation", [Attr("id", 1, "long"), Attr("name", 2, "string"), Attr("w", 3, "double")],
                         location=location)
 
     def kept(**logged) -> dict:  # the plan's log record, as capture writes it
-        return {"sources": [{"source": "static", "location": location, "dataset": "dim", **logged}]}
+        return {"sources": [{"source": "static", "location": location, "dataset": f"table:{table}", "table": table,
+                             "name": "d", **logged}]}
 
     fallback = Fallback(Config(store_dir=str(tmp_path / "store")))
     by_id = fallback.table_rids(relation, kept(key=["id"]))
-    assert by_id.tolist() == [table_rid("dim", str(i)) for i in (1, 2, 3)]
+    assert by_id.tolist() == [table_rid(table, str(i)) for i in (1, 2, 3)]
     assert fallback.table_rids(relation, kept(key=["id"]), [2, 0]).tolist() == [by_id[2], by_id[0]]
     assert fallback.table_rids(relation, kept(key=["id", "w"]), [1]).tolist() == \
-        [table_rid("dim", KEY_SEPARATOR.join(("2", "2.0")))]
+        [table_rid(table, KEY_SEPARATOR.join(("2", "2.0")))]
     # Without a key: over the columns capture logged as hashed, else over every column read.
     assert fallback.table_rids(relation, kept(hashed=["id", "name"])).tolist() == \
-        table_row_rids("dim", [[1, 2, 3], ["a", "b", None]], ["long", "string"])
+        table_row_rids(table, [[1, 2, 3], ["a", "b", None]], ["long", "string"])
     assert fallback.table_rids(relation, kept(), [2]).tolist() == \
-        [table_row_rid("dim", [3, None, -0.0], ["long", "string", "double"])]
+        [table_row_rid(table, [3, None, -0.0], ["long", "string", "double"])]
     with pytest.raises(LineageError, match="did not log as a static table"):
         fallback.table_rids(relation, {"sources": []})

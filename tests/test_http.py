@@ -170,7 +170,8 @@ def body_of(answer, cut: int | None = None) -> dict:
     """The HTTP body of a Python API answer, its records cut to ``cut``."""
     summary = answer.summary()
     return {"of": answer.of, "answer": as_dicts(answer)[:cut], "truncated": cut is not None and len(answer) > cut,
-            "complete": summary["complete"], "gaps": summary["gaps"], "unexplained": summary["unexplained"]}
+            "complete": summary["complete"], "gaps": summary["gaps"], "unexplained": summary["unexplained"],
+            "read_by": summary["read_by"]}
 
 
 def test_answers_are_the_python_apis_and_the_oracles(store, client, server):
@@ -418,7 +419,7 @@ def test_max_concurrent_is_503_not_a_queue(store, monkeypatch):
         FakeBlockingBackend.release.set()
         waiting.join(30)
         assert first["answer"] == (200, {"of": 7, "answer": [], "truncated": False, "complete": True, "gaps": [],
-                                         "unexplained": []})
+                                         "unexplained": [], "read_by": []})
         status, body = ask(running, "backward", {"rid": store.by_kind["alerts"][0]})
         assert status == 200 and body["answer"]
     finally:

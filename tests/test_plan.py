@@ -134,7 +134,8 @@ def test_semi_joins_that_cannot_be_traced_exactly_are_refused(demo_df, spark, tm
     by_key = demo_df.join(limits, demo_df.customer_id == limits.c, "left_semi")
     threaded = thread_rids(by_key)
     assert threaded.df.columns[: len(demo_df.columns)] == demo_df.columns
-    assert [(s.source, s.dataset) for s in threaded.sources] == [("kafka", None), ("static", "customers"),
-                                                                 ("static", "limits")]
+    assert [(s.source, s.name) for s in threaded.sources] == [("kafka", None), ("static", "customers"),
+                                                              ("static", "limits")]
+    assert threaded.sources[-1].table == f"file:{path}" and threaded.sources[-1].dataset == f"table:file:{path}"
     # Every customers row that matched, as a list: the semi join's right-side lineage.
     assert dict(threaded.df.dtypes)[threaded.sources[-1].column].startswith("array<struct<rid:bigint")

@@ -128,3 +128,40 @@ def read_records(bootstrap: str, topic: str, partition: int, start: int, end: in
                 yield record
     finally:
         client.close()
+
+
+class RecordGone(KafkaSourceError):
+    """The broker no longer holds a record (retention, a deleted or recreated topic, lost data)."""
+
+
+def record_at(bootstrap: str, topic: str, partition: int, offset: int, timeout_s: float = 5.0):
+    """The record at ``topic``/``partition``/``offset``; ``RecordGone`` within ``timeout_s`` if the broker has
+    no such record, saying why as far as it can tell."""
+    tp = TopicPartition(topic, partition)
+    client = consumer(bootstrap)
+    try:
+        partitions = client.partitions_for_topic(topic)
+        if not partitions:
+            raise RecordGone(f"topic {topic!r} is not on the broker at {bootstrap} (deleted since?)")
+        if partition not in partitions:
+            raise RecordGone(f"topic {topic!r} has no partition {partition} now (recreated since?)")
+        first = client.beginning_offsets([tp])[tp]
+        if offset < first:
+            raise RecordGone(f"{topic}:{partition} starts at offset {first} now: the record at {offset} was "
+                             f"removed (retention)")
+        client.assign([tp])
+        client.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for record in client.poll(timeout_ms=300, max_records=1, update_offsets=False).get(tp, []):
+                if record.offset == offset:
+                    return record
+                raise RecordGone(f"{topic}:{partition} has no record at offset {offset} now (compacted away?)")
+            end = client.highwater(tp)  # fetched, not asked for: the broker's own end
+            if end is not None and end <= offset:
+                raise RecordGone(f"{topic}:{partition} ends before offset {offset} now ({end} records): the "
+                                 f"record is gone (the topic was recreated, or the broker lost its data)")
+            client.seek(tp, offset)
+        raise RecordGone(f"no record came back from {topic}:{partition} at offset {offset} within {timeout_s:g}s")
+    finally:
+        client.close()

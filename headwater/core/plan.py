@@ -201,7 +201,8 @@ def _fold_static(node: PlanNode) -> PlanNode:
     The folded subtree is kept, as a dict, in ``detail["subtree"]``.
     """
     if not node.streaming:
-        detail = {"source": "static", "name": static_name(node), "location": _first_location(node)}
+        detail = {"source": "static", "name": static_name(node), "table": static_table(node),
+                  "location": _first_location(node), "locations": static_locations(node)}
         if node.children:
             detail["subtree"] = node.to_dict()
         return PlanNode(node.id, "Source", node.spark_class, False, node.output, [], detail)
@@ -228,15 +229,53 @@ def _first_location(node: PlanNode) -> dict | None:
 
 
 def static_name(node: PlanNode) -> str:
-    """A static subtree's dataset name: its alias, else its file name, else its node id."""
+    """A static subtree's short name, as people call it: its alias, else its file name, else its node id.
+
+    Only a name: two tables may share it (``prod/customers``, ``staging/customers``);
+    ``static_table`` tells them apart.
+    """
     for n in node.walk():
         if n.kind == "Alias" and n.detail.get("name"):
             return n.detail["name"]
-        location = n.detail.get("location")
-        if location and location["paths"]:
+        location = n.detail.get("location") or {}
+        if location.get("table"):
+            return location["table"].rsplit(".", 1)[-1]
+        if location.get("paths"):
             tail = location["paths"][0].rstrip("/").rsplit("/", 1)[-1]
             return tail.split(".", 1)[0] or f"static_{node.id}"
     return f"static_{node.id}"
+
+
+def static_locations(node: PlanNode) -> list[dict]:
+    """Every file-backed relation a static subtree reads: where a batch's versions of it are taken."""
+    return [n.detail["location"] for n in node.walk() if (n.detail.get("location") or {}).get("paths")]
+
+
+def location_key(location: dict) -> str:
+    """A file-backed relation's name in a batch's table versions: its root paths."""
+    return ",".join(location["paths"])
+
+
+def static_table(node: PlanNode) -> str | None:
+    """A static subtree's identity: where the rows of every relation it reads live.
+
+    A file-backed relation is its root paths as Spark resolved them (``file:/data/v1/sites.parquet``),
+    a catalog table its qualified name (``catalog:spark_catalog.prod.customers``); several are
+    joined by commas, sorted. None when a relation has no such place (rows made in memory,
+    ``range``): such a table is known only within its query.
+    """
+    places = set()
+    for n in node.walk():
+        if n.children:
+            continue
+        location = n.detail.get("location") or {}
+        if location.get("table"):
+            places.add(f"catalog:{location['table']}")
+        elif location.get("paths"):
+            places.update(location["paths"])
+        else:
+            return None
+    return ",".join(sorted(places)) or None
 
 
 def derivation(root: PlanNode) -> dict[int, set[int]]:

@@ -29,6 +29,9 @@ OUTPUT = "out"
 
 SPARK_SEED = 42
 
+# A static table's rows' dataset: this, then the table's identity (``table_dataset``).
+TABLE_DATASET = "table:"
+
 # Between the parts of a composite static-table key, in a rid and in a row's ``key``.
 KEY_SEPARATOR = "\x1f"
 
@@ -158,8 +161,19 @@ def kafka_offset(rid: int, topic: str, partition: int) -> int:
     return _signed((_rotl((lane * _P1_INVERSE) & _M, 64 - 31) * _P2_INVERSE) & _M)
 
 
+def table_dataset(table: str) -> str:
+    """The dataset lineage rows of static table ``table`` (its identity, ``plan.static_table``) carry."""
+    return TABLE_DATASET + table
+
+
+def dataset_table(dataset: str | None) -> str | None:
+    """The static table whose rows carry ``dataset`` (``table_dataset`` undone); None for other datasets."""
+    return dataset[len(TABLE_DATASET):] if dataset and dataset.startswith(TABLE_DATASET) else None
+
+
 def table_rid(table: str, key: str | tuple[str, ...]) -> int:
-    """The rid of the row of static table ``table`` whose key (as text) is ``key``.
+    """The rid of the row of static table ``table`` (its identity, ``plan.static_table``:
+    where its rows live, not its short name) whose key (as text) is ``key``.
 
     A composite key is given as a tuple of its parts as text.
     """

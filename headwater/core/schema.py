@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 LINEAGE_MAGIC = b"HWL"
-LINEAGE_VERSION = 2
+LINEAGE_VERSION = 3  # 3: static tables' rows named by where the table lives (rid.table_dataset)
 
 NODE_SCHEMA = pa.schema(
     [
