@@ -27,7 +27,7 @@ from headwater.adapters.table_files import TableUnreadable, table_version
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
-from headwater.core.plan import column_lineage, column_masks, location_key, plan_fingerprint
+from headwater.core.plan import column_lineage, column_masks, location_key, places, plan_fingerprint
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
 
 from . import checkpoint, metrics
@@ -182,9 +182,9 @@ class Tracer:
         if not df.isStreaming:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
-        fingerprint = plan_fingerprint(analyzed(df).toJSON())
-        return Traced(self, thread_rids(df, keys, frozenset(black_boxes), name), name, emit_rid, fingerprint,
-                      _optimized_plan(df, name))
+        threaded = thread_rids(df, keys, frozenset(black_boxes), name)
+        fingerprint = plan_fingerprint(analyzed(df).toJSON(), places(threaded.ir))
+        return Traced(self, threaded, name, emit_rid, fingerprint, _optimized_plan(df, name))
 
     def close(self) -> None:
         """Stop listening and flush the log; call it after the traced queries have stopped.

@@ -37,9 +37,8 @@ from neo4j.exceptions import ServiceUnavailable, SessionExpired
 
 from headwater.adapters.graph import GraphUnavailable
 from headwater.core import config as configuration
-from headwater.core.config import Config
-
 from headwater.core import rid as rids
+from headwater.core.config import Config
 from headwater.core.plan import location_key
 
 from .address import parse_source
@@ -202,10 +201,13 @@ class LineageClient:
             if dataset and item.topic is None and dataset not in datasets:
                 datasets[dataset] = backend.dataset(dataset)
             location = table_location(datasets.get(dataset) or {})
-            if location is not None:
-                with self._inferring:
+            read_at = None
+            with self._inferring:  # the batch log, as inference reads it
+                if location is not None:
                     versions = self._fallbacks()[0].logged_versions(location_key(location), item.batches)
-            attach_payload(item, self.config.bootstrap, datasets.get(dataset), versions)
+                elif item.topic is not None:
+                    read_at = self._fallbacks()[0].last_read(item.batches)
+            attach_payload(item, self.config.bootstrap, datasets.get(dataset), versions, read_at)
         return found
 
     def backward(self, rid: int | str, to: str = "source", depth: int = 16, payload: bool = False,

@@ -56,8 +56,9 @@ class Fallback:
         self.config = config
         self.plans = PlanStore(config.store_path(), config.log_topic)
         self.log = BatchLog(config.store_path(), config.log_topic)
-        self._built: dict[str, tuple[Plan, dict]] = {}
-        self._prepared: dict[str, Prepared] = {}
+        # By query and fingerprint: two queries may run one plan over other tables, topics and sinks.
+        self._built: dict[tuple[str, str], tuple[Plan, dict]] = {}
+        self._prepared: dict[tuple[str, str], Prepared] = {}
         self._static: dict[tuple, tuple[pa.Table, pd.DataFrame]] = {}
         self._table_rids: dict[tuple, np.ndarray] = {}
 
@@ -67,15 +68,17 @@ class Fallback:
         if kept is None:
             raise LineageError(f"no plan of query {query!r} is kept for batch {batch}: lineage cannot be "
                                f"inferred (capture logs it at start; is the indexer running?)")
-        if kept["fingerprint"] not in self._built:
-            self._built[kept["fingerprint"]] = (build(kept["optimized"]), kept)
-        return self._built[kept["fingerprint"]]
+        held = (query, kept["fingerprint"])
+        if held not in self._built:
+            self._built[held] = (build(kept["optimized"]), kept)
+        return self._built[held]
 
     def _plan(self, query: str, batch: int) -> tuple[Plan, Prepared, dict]:
         plan, kept = self.plan(query, batch)
-        if kept["fingerprint"] not in self._prepared:
-            self._prepared[kept["fingerprint"]] = prepare(plan)
-        return plan, self._prepared[kept["fingerprint"]], kept
+        held = (query, kept["fingerprint"])
+        if held not in self._prepared:
+            self._prepared[held] = prepare(plan)
+        return plan, self._prepared[held], kept
 
     def logged_versions(self, key: str, batches) -> set[str]:
         """The versions of the static table ``key`` (``plan.location_key``) that batches numbered ``batches``
@@ -83,6 +86,13 @@ class Fallback:
         log = self.log.refresh()
         return {version for query in self.plans.queries() for batch in batches
                 if (version := (((log.batch(query, batch) or {}).get("tables")) or {}).get(key))}
+
+    def last_read(self, batches) -> str | None:
+        """When the last of the batches numbered ``batches`` (of any query) ran: the batch log's ``at``."""
+        log = self.log.refresh()
+        times = [at for query in self.plans.queries() for batch in batches
+                 if (at := (log.batch(query, batch) or {}).get("at"))]
+        return max(times, key=logged_time) if times else None
 
     def changed_tables(self, plan: Plan, entry: dict) -> list[str]:
         """The static tables of ``plan`` whose files differ now from the versions the batch (its log
@@ -331,6 +341,12 @@ def _keyed_rids(table: str, key: tuple, frame: pd.DataFrame) -> np.ndarray:
     """The rids of static table ``table``'s rows (``frame``) by their declared key, as capture names them."""
     return np.array([rids.table_rid(table, rids.KEY_SEPARATOR.join(key_text(v) for v in values))
                      for values in zip(*(frame[k].tolist() for k in key))], dtype=np.int64)
+
+
+def logged_time(at: str) -> datetime.datetime:
+    """A time the batch log holds (ISO 8601) as an aware datetime; without a zone, UTC."""
+    found = datetime.datetime.fromisoformat(at.replace("Z", "+00:00"))
+    return found if found.tzinfo else found.replace(tzinfo=datetime.timezone.utc)
 
 
 def key_text(v) -> str:

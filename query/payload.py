@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import re
 
@@ -12,7 +13,7 @@ from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
 
 from .backend import Lineage
-from .fallback import key_text
+from .fallback import key_text, logged_time
 
 
 def _decode(raw: bytes | None):
@@ -28,11 +29,24 @@ def _decode(raw: bytes | None):
         return text
 
 
-def kafka_record(bootstrap: str, topic: str, partition: int, offset: int) -> dict:
+# How far a producer's clock may run ahead of Spark's before a record looks written after the batch read it.
+CLOCK_SKEW_S = 10.0
+
+
+def kafka_record(bootstrap: str, topic: str, partition: int, offset: int, read_at: str | None = None) -> dict:
+    """The record at that offset; ``read_at``: when the last batch that read it ran (ISO 8601), for telling a
+    recreated topic's record at the same offset (written after that) from the record the batch read."""
     try:
         record = record_at(bootstrap, topic, partition, offset)
     except KafkaSourceError as exc:
         return {"error": f"{topic}:{partition}:{offset} cannot be read: {exc}"}
+    if read_at is not None and record.timestamp_type == 0:  # CreateTime: when its producer wrote it
+        read = logged_time(read_at)
+        written = datetime.datetime.fromtimestamp(record.timestamp / 1000, datetime.timezone.utc)
+        if (written - read).total_seconds() > CLOCK_SKEW_S:
+            return {"error": f"{topic}:{partition}:{offset} now holds a record written at {written.isoformat()}, "
+                             f"after the batch that read this offset ran ({read.isoformat()}): the topic was "
+                             f"recreated since, and the record it read is gone"}
     return {"key": _decode(record.key), "value": _decode(record.value), "timestamp": record.timestamp}
 
 
@@ -93,14 +107,15 @@ def file_row(path: str, position: int | None) -> dict:
     return _plain(rows[0])
 
 
-def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None, versions: set[str] | None = None) -> None:
+def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None, versions: set[str] | None = None,
+                   read_at: str | None = None) -> None:
     """``item`` with its original record as ``payload``: ``{"error": why}`` where it cannot be had, never
     an exception. A static table row whose table changed since the batches that read it (``versions``:
     the table's versions they logged) is its row now, ``changed_since`` true (a plain file keeps no
-    earlier version to read)."""
+    earlier version to read). ``read_at``: when the last batch that read a Kafka record ran."""
     try:
         if item.topic is not None:
-            item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset)
+            item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset, read_at)
         elif item.path is not None:
             item.payload = file_row(item.path, item.position)
         elif item.kind == "source" and item.dataset == "rate":

@@ -20,6 +20,9 @@ def test_fingerprint_ignores_attribute_numbering_only():
     b = plan % (EXPR % (17, "j2"), EXPR % (3, "j2"), EXPR % (17, "j2"))
     swapped = plan % (EXPR % (17, "j2"), EXPR % (3, "j2"), EXPR % (3, "j2"))
     assert plan_fingerprint(a) == plan_fingerprint(b) != plan_fingerprint(swapped)
+    # Where the tables live counts too: Spark's JSON leaves it out.
+    assert plan_fingerprint(a, ["file:/v1/sites.parquet"]) == plan_fingerprint(b, ["file:/v1/sites.parquet"]) \
+        != plan_fingerprint(a, ["file:/v2/sites.parquet"])
 
 
 def test_checkpoint_remembers_the_plan_and_the_batch_it_started_at(tmp_path):

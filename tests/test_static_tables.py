@@ -33,7 +33,7 @@ from headwater.query.backend import LineageError, UnknownRow
 from .conftest import index, own_topics, records_read
 
 SENSORS = ["s0", "s1", "s2", "s3"]
-SITES = {"v1": {"s0": "OLD", "s1": "A1", "s2": "B1", "s3": "C1"},
+SITES = {"v1": {"s0": "OLD", "s1": "A1", "s2": "B1", "s3": "C1", "s5": "LONELY"},  # no event is from s5
          "v2": {"s0": "NEW", "s1": "A2", "s2": "B2"}}  # v2 has no s3: its events are unmatched there
 ZONES = {"v1": [("s0", "north"), ("s1", "north"), ("s1", "east"), ("s2", "south"), ("s3", "west")],
          "v2": [("s0", "up"), ("s1", "down"), ("s2", "down"), ("s2", "left")]}
@@ -70,7 +70,7 @@ def write_tables(spark, root) -> dict[str, dict]:
     for version in ("v1", "v2"):
         folder = root / version
         folder.mkdir()
-        sites = [(s, site, "eu" if s in ("s0", "s1") else "us") for s, site in SITES[version].items()]
+        sites = [(s, site, "eu" if s in ("s0", "s1", "s5") else "us") for s, site in SITES[version].items()]
         zones = spark.createDataFrame(ZONES[version], "sensor string, zone string")
         if version == "v1":  # a partitioned folder of part files, and a CSV folder with a header
             spark.createDataFrame(sites, "sensor string, site string, region string").repartition(2) \
@@ -202,8 +202,12 @@ def test_forward_from_a_table_row_reaches_only_its_own_querys_rows(world):
             identities = world["identities"][version]
             for sensor in SITES[version]:
                 want = {rid for key, rid in rid_of.items() if key[0] == sensor}
-                reached = {x.rid for x in client.forward(table_rid(identities["sites"], sensor))} if want else set()
-                assert reached == want, (version, sensor)
+                answer = client.forward(table_rid(identities["sites"], sensor))
+                assert {x.rid for x in answer} == want, (version, sensor)
+                if not want:  # read by every batch of its query, joined by no event
+                    assert answer.complete and {(g.query, g.status) for g in answer.read_by} == {
+                        (world["names"][version], "full")}
+                    assert len(answer.read_by) == len(set(world["read"][version].values()))
                 shown = f"sites@{version}/sites.parquet"
                 assert {x.rid for x in client.forward(f"table:{shown}:{sensor}")} == want
             for sensor, zone in ZONES[version]:
@@ -362,3 +366,20 @@ def test_a_payload_that_cannot_be_read_never_loses_the_answer(world, tmp_path):
     assert "not on the broker" in payloads[f"kafka:{world['topic']}"]["error"]
     assert "zones.csv" in payloads["zones"]["error"]
     assert payloads["sites"]["site"] == SITES["v1"][row["sensor"]]
+    # The topic made again and written to: the same offsets hold other records, written after the batches
+    # ran (stamped a minute on, as a topic recreated later would be).
+    from headwater.adapters.kafka import producer
+
+    ensure_topics(world["config"].bootstrap, [world["topic"]], 2)
+    later = int(time.time() * 1000) + 60_000
+    client = producer(world["config"].bootstrap)
+    try:
+        for partition in (0, 1):
+            for _ in range(EVENTS):
+                client.send(world["topic"], value=b"{}", partition=partition, timestamp_ms=later)
+        client.flush(timeout=60)
+    finally:
+        client.close()
+    with LineageClient(world["config"]) as client:
+        (kafka,) = [x for x in client.backward(row["_hw_rid"], payload=True) if x.topic]
+    assert "the topic was recreated since" in kafka.payload["error"]

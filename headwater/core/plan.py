@@ -337,15 +337,28 @@ def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
 _EXPR_ID = re.compile(r'"exprId":\{"product-class":"[^"]*","id":(\d+),"jvmId":"[^"]*"\}')
 
 
-def plan_fingerprint(analyzed_json: str) -> str:
-    """A digest of an analyzed plan (``toJSON()``) that is equal for equal plans across runs.
+def plan_fingerprint(analyzed_json: str, places: list[str] = ()) -> str:
+    """A digest of an analyzed plan (``toJSON()``) and of where its relations' rows live
+    (``places``: Spark's JSON leaves file locations out) that is equal for equal plans across runs.
 
     Spark numbers attributes (exprIds) afresh in every session; here they are renumbered
-    in order of first appearance, so only what the plan computes counts.
+    in order of first appearance, so only what the plan computes, and from where, counts.
     """
     numbers: dict[str, int] = {}
 
     def renumber(match: re.Match) -> str:
         return f'"exprId":{numbers.setdefault(match.group(1), len(numbers))}'
 
-    return hashlib.sha256(_EXPR_ID.sub(renumber, analyzed_json).encode()).hexdigest()[:16]
+    text = _EXPR_ID.sub(renumber, analyzed_json) + "\n".join(sorted(places))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def places(root: PlanNode) -> list[str]:
+    """Where the rows of an IR's static tables (``static_table``) and file streams live, each once."""
+    found = set()
+    for node in root.walk():
+        if node.detail.get("table"):
+            found.update(node.detail["table"].split(","))
+        elif node.kind == "Source":
+            found.update((node.detail.get("location") or {}).get("paths") or [])
+    return sorted(found)
