@@ -173,11 +173,15 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         # A shard set aside and rebuilt from its partition's start (``Indexer.set_aside``) may
         # hold edges the previous generation holds too (from its store before): kept once.
         rebuilt = sorted(p for p, before in held.items() if p in covers and covers[p]["store"] != before["store"])
+        # So may a set-aside shard and its successor, when a new group read the topic again.
+        aside = sorted(k for k, c in covers.items() if isinstance(k, str) and c["next"] > held.get(k, {}).get("next", 0))
         if previous:
             edge_files += previous.edge_files()
             row_files += previous.row_files()
         if rebuilt:
             say(f"shards {rebuilt} were rebuilt since generation {previous.number}: keeping one copy of each edge")
+        if aside:
+            say(f"set-aside shards {aside} have ranges no generation holds: keeping one copy of each edge")
         if not edge_files:
             raise ValueError(f"nothing to compact: no committed edges under {store_dir / topic}")
         number = generation.next_number(root)
@@ -185,7 +189,7 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         try:
             with _no_broadcast_joins(spark):
                 manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say,
-                                  distinct=bool(rebuilt))
+                                  distinct=bool(rebuilt or aside))
             manifest.update(generation=number, topic=topic, covers={str(p): n for p, n in covers.items()},
                             threshold=threshold, buckets=buckets,
                             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -9,8 +9,8 @@ an edges topic and writes them as one generation:
                                    it has edges in (has_in) and out (has_out), sorted by rid
         dependencies/*.parquet     (src set, dst set) of the edges that cross sets
         exits/*.parquet            (src, dst set) of the edges that cross sets, sorted by src
-        manifest.json              what it covers (by shard: its store id, the offset below
-                                   which the generation holds its ranges), sizes, duration
+        manifest.json              what it covers (by shard, set-aside ones too: its store id, the
+                                   offset below which the generation holds its ranges), sizes, duration
     <store_dir>/<topic>/compacted/CURRENT   {"generation": N}
 
 A generation is written under a temporary name and renamed whole; ``CURRENT`` is then
@@ -41,6 +41,8 @@ from .store import STORE_SCHEMA, EdgeStore, bucket_of, parse_range, with_src_set
 
 CURRENT = "CURRENT"
 TMP_MARK = ".tmp-"
+SET_ASIDE = "set-aside"  # where ``Indexer.set_aside`` moves a shard: <store_dir>/<topic>/set-aside/<name>-<time>-<pid>
+SET_ASIDE_KEY = "set-aside:"  # a generation's covers of set-aside shards: this, then the store id
 
 
 def compacted_root(store_dir: str | Path, topic: str) -> Path:
@@ -78,8 +80,8 @@ def switch(root: Path, number: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def snapshot(store_dir: Path, topic: str, previous: dict[int, dict] | None = None, create: bool = False
-             ) -> tuple[dict[int, dict], list[str], list[str]]:
+def snapshot(store_dir: Path, topic: str, previous: dict | None = None, create: bool = False
+             ) -> tuple[dict, list[str], list[str]]:
     """What each shard of ``topic`` has committed now that the ``previous`` generation's covers do not hold.
 
     Returns the covers of a generation built from both (by partition: the shard's store
@@ -87,26 +89,57 @@ def snapshot(store_dir: Path, topic: str, previous: dict[int, dict] | None = Non
     ranges' edge files and rows-record files. A shard that is not the store the
     previous generation covered (set aside and rebuilt) is taken whole. ``create``: give
     a shard that has no store id yet one (compaction does, to cover it; readers do not).
+
+    Shards set aside (``Indexer.set_aside``) are read too, after the live ones: they may
+    hold ranges no generation holds yet, whose edges the graph holds. A set-aside shard
+    keeps its store id, so what a generation took from it while it was live counts;
+    their covers are keyed ``SET_ASIDE_KEY`` and the store id, which names no partition,
+    so compaction drops nothing from them (``compaction.drop_covered``). An edge may
+    then be both in a set-aside shard and in its successor (a new group read the topic
+    again): a lineage walk's aggregates (unions, ANDs, ORs) are the same over it twice.
     """
+    root = Path(store_dir) / topic
+    previous = previous or {}
     covers, edge_files, row_files = {}, [], []
-    for folder in sorted((Path(store_dir) / topic).glob("partition=*")):
+
+    def take(key, store: EdgeStore, store_id: str | None, held: int, **more) -> None:
+        following, edges, rows = _uncovered(store, topic, held, Path(store_dir))
+        covers[key] = {"store": store_id, "next": following, **more}
+        edge_files.extend(edges)
+        row_files.extend(rows)
+
+    for folder in sorted(root.glob("partition=*")):
         partition = int(folder.name.split("=", 1)[1])
         store = EdgeStore(folder, SHARD_BUCKETS)
         store_id = store.identity(create=create)
-        before = (previous or {}).get(partition, {})
-        held = int(before["next"]) if before.get("store") == store_id else 0
-        dropped = store.compacted().get((topic, partition), 0)
-        if dropped > held:
-            raise RuntimeError(f"shard {folder} dropped its ranges below offset {dropped}, which a compacted "
-                               f"generation held, but the current generation does not hold them: "
-                               f"restore {compacted_root(store_dir, topic)} from a backup")
-        ends = {name: parse_range(name)[3] for name in store.committed()}
-        names = [name for name, last in ends.items() if last >= held]
-        covers[partition] = {"store": store_id, "next": max([held] + [ends[name] + 1 for name in names])}
-        new = set(names)
-        edge_files += [str(p) for p in store.files() if p.name[: -len(".parquet")] in new]
-        row_files += [str(p) for p in store.record_files("rows", names)]
+        before = previous.get(partition, {})
+        take(partition, store, store_id, int(before["next"]) if before.get("store") == store_id else 0)
+    aside = root / SET_ASIDE
+    if aside.is_dir():  # one stat where no shard was ever set aside
+        held: dict[str, int] = {}  # by store id, of live and set-aside covers alike
+        for covered in previous.values():
+            held[covered["store"]] = max(held.get(covered["store"], 0), int(covered["next"]))
+        for folder in sorted(p for p in aside.iterdir() if p.is_dir()):
+            store = EdgeStore(folder, SHARD_BUCKETS)
+            store_id = store.identity(create=False)
+            if store_id is not None:  # else it never committed a range (a commit makes the id first)
+                take(SET_ASIDE_KEY + store_id, store, store_id, held.get(store_id, 0), folder=folder.name)
     return covers, edge_files, row_files
+
+
+def _uncovered(store: EdgeStore, topic: str, held: int, store_dir: Path) -> tuple[int, list[str], list[str]]:
+    """The offset past ``store``'s committed ranges, and the edge and rows-record files of those at or past ``held``."""
+    dropped = max((below for (t, _), below in store.compacted().items() if t == topic), default=0)
+    if dropped > held:
+        raise RuntimeError(f"shard {store.root} dropped its ranges below offset {dropped}, which a compacted "
+                           f"generation held, but the current generation does not hold them: "
+                           f"restore {compacted_root(store_dir, topic)} from a backup")
+    ends = {name: parse_range(name)[3] for name in store.committed()}
+    names = [name for name, last in ends.items() if last >= held]
+    new = set(names)
+    return (max([held] + [ends[name] + 1 for name in names]),
+            [str(p) for p in store.files() if p.name[: -len(".parquet")] in new],
+            [str(p) for p in store.record_files("rows", names)])
 
 
 class Generation:
@@ -132,9 +165,10 @@ class Generation:
     def number(self) -> int:
         return int(self.manifest["generation"])
 
-    def covers(self) -> dict[int, dict]:
-        """By partition: ``{"store": the shard's store id, "next": the offset below which the generation holds its ranges}``."""
-        return {int(p): covered for p, covered in self.manifest["covers"].items()}
+    def covers(self) -> dict:
+        """By partition: ``{"store": the shard's store id, "next": the offset below which the generation holds
+        its ranges}``; set-aside shards' by ``SET_ASIDE_KEY`` and store id (``snapshot``)."""
+        return {int(p) if p.isdigit() else p: covered for p, covered in self.manifest["covers"].items()}
 
     def edge_files(self) -> list[str]:
         return [str(p) for p in sorted(self.path.glob("edges/bucket=*/*.parquet"))]

@@ -41,6 +41,7 @@ from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadErro
 
 from . import metrics
 from .batch_log import BatchLogWriter
+from .generation import SET_ASIDE
 from .graph import GraphWriter
 from .plans import PlanStore
 from .shard import Shard, shard_root
@@ -170,7 +171,7 @@ class Indexer:
     def set_aside(self, partition: int) -> Shard:
         """Move a shard out of the store (kept on disk, never read) and start the partition afresh."""
         root = shard_root(self.store_dir, self.config.edges_topic, partition)
-        aside = root.parent / "set-aside" / f"{root.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        aside = root.parent / SET_ASIDE / f"{root.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         aside.parent.mkdir(parents=True, exist_ok=True)
         os.replace(root, aside)
         self.shards.pop(partition, None)

@@ -1,9 +1,11 @@
 """Lineage over the Parquet store: CSProv (read only the sets that matter) and the naive recursive baseline (RQ).
 
 The store of an edges topic is its current compacted generation plus each shard's
-ranges the generation does not hold yet (``generation.snapshot``): a ``StoreView``
-reads the latter whole, into memory (they are what arrived since the last
-compaction), and the generation as the backend needs it.
+ranges the generation does not hold yet (``generation.snapshot``), set-aside shards'
+(``Indexer.set_aside``) included: a ``StoreView`` reads the latter whole, into memory
+(they are what arrived since the last compaction), and the generation as the backend
+needs it. A set-aside shard and its successor may both hold an edge or a row: the walk
+takes an edge twice as once, and a row's first record is kept.
 
 - ``CSProvBackend`` (CSProv §III): an edge lies in its dst's set, so a backward step
   reads the sets of the frontier's rows, and a forward step those sets and the ones the
@@ -73,7 +75,7 @@ class StoreView:
                 held.update((r["rid"], r) for r in self.generation.rows(missing).to_pylist())
         found = {r: held[r] for r in wanted if r in held}
         recent = self.recent_rows.filter(pc.is_in(self.recent_rows["rid"], pa.array(wanted, pa.int64())))
-        for record in recent.to_pylist():  # rows first seen by two shards may be recorded twice: the first is kept
+        for record in recent.to_pylist():  # a row two shards saw (one set aside, maybe) has two: the first is kept
             found.setdefault(record["rid"], record)
         return found
 
