@@ -100,11 +100,14 @@ def _file_location(node) -> dict | None:
     """Where a relation's rows live (Spark's JSON leaves it out): a file-backed relation's
     root paths, format and reader options; a catalog table's qualified name as ``table``."""
     cls = node.getClass().getSimpleName()
+    # The relation's own columns and types (partition columns last), to read its files as Spark does.
+    columns = [[a.name(), a.dataType().simpleString()] for a in Jvm.items(node.output())]
     if cls == "StreamingRelation":  # a file stream source
         source = node.dataSource()
         path = source.options().get("path")
         paths = [path.get()] if path.isDefined() else [p for p in Jvm.items(source.paths())]
-        return {"paths": paths, "format": source.className().lower()} if paths else None
+        return {"paths": paths, "format": source.className().lower(), "options": _options(source.options()),
+                "columns": columns} if paths else None
     if cls == "HiveTableRelation":
         return {"table": node.tableMeta().identifier().unquotedString()}
     if cls == "DataSourceV2Relation":
@@ -122,16 +125,19 @@ def _file_location(node) -> dict | None:
     if relation.getClass().getSimpleName() != "HadoopFsRelation":
         return table or None
     paths = [p.toString() for p in Jvm.items(relation.location().rootPaths())]
+    return {"paths": paths, "format": relation.fileFormat().toString().lower(), "options": _options(relation.options()),
+            "columns": columns, **table}
+
+
+def _options(scala_map) -> dict[str, str]:
+    """A reader's options (a Scala map), but the paths."""
     options = {}
-    entries = relation.options().iterator()
+    entries = scala_map.iterator()
     while entries.hasNext():
         entry = entries.next()
         if entry._1().lower() not in ("path", "paths"):
             options[entry._1()] = entry._2()
-    # The relation's own columns and types (partition columns last), to read its files as Spark does.
-    columns = [[a.name(), a.dataType().simpleString()] for a in Jvm.items(node.output())]
-    return {"paths": paths, "format": relation.fileFormat().toString().lower(), "options": options,
-            "columns": columns, **table}
+    return options
 
 
 def plan_ir(df: DataFrame) -> tuple[PlanNode, list]:

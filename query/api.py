@@ -201,13 +201,16 @@ class LineageClient:
             if dataset and item.topic is None and dataset not in datasets:
                 datasets[dataset] = backend.dataset(dataset)
             location = table_location(datasets.get(dataset) or {})
-            read_at = None
-            with self._inferring:  # the batch log, as inference reads it
+            read_at = stream = None
+            with self._inferring:  # the batch log and plans, as inference reads them
+                fallback = self._fallbacks()[0]
                 if location is not None:
-                    versions = self._fallbacks()[0].logged_versions(location_key(location), item.batches)
+                    versions = fallback.logged_versions(location_key(location), item.batches)
                 elif item.topic is not None:
-                    read_at = self._fallbacks()[0].last_read(item.batches)
-            attach_payload(item, self.config.bootstrap, datasets.get(dataset), versions, read_at)
+                    read_at = fallback.last_read(item.batches)
+                elif item.path is not None and item.position is None:
+                    stream = fallback.file_source(item.path)
+            attach_payload(item, self.config.bootstrap, datasets.get(dataset), versions, read_at, stream)
         return found
 
     def backward(self, rid: int | str, to: str = "source", depth: int = 16, payload: bool = False,

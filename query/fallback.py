@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from headwater.adapters.table_files import TableUnreadable, read_table, table_version
+from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version
 from headwater.core import rid as rids
 from headwater.core.config import Config
 from headwater.core.plan import location_key
@@ -93,6 +93,16 @@ class Fallback:
         times = [at for query in self.plans.queries() for batch in batches
                  if (at := (log.batch(query, batch) or {}).get("at"))]
         return max(times, key=logged_time) if times else None
+
+    def file_source(self, path: str) -> dict | None:
+        """The logged location of the file stream that read the file ``path`` (as Spark names it), or None."""
+        for query in self.plans.queries():
+            for source in (self.plans.latest(query) or {}).get("sources", []):
+                location = source.get("location") or {}
+                if source.get("source") == "file" and any(
+                        _inside(path, root) for root in location.get("paths") or []):
+                    return location
+        return None
 
     def changed_tables(self, plan: Plan, entry: dict) -> list[str]:
         """The static tables of ``plan`` whose files differ now from the versions the batch (its log
@@ -341,6 +351,14 @@ def _keyed_rids(table: str, key: tuple, frame: pd.DataFrame) -> np.ndarray:
     """The rids of static table ``table``'s rows (``frame``) by their declared key, as capture names them."""
     return np.array([rids.table_rid(table, rids.KEY_SEPARATOR.join(key_text(v) for v in values))
                      for values in zip(*(frame[k].tolist() for k in key))], dtype=np.int64)
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        path, root = local_path(path), local_path(root).rstrip("/")
+    except TableUnreadable:
+        return False
+    return path == root or path.startswith(root + "/")
 
 
 def logged_time(at: str) -> datetime.datetime:

@@ -91,10 +91,19 @@ def _plain(row: dict) -> dict:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
 
 
-def file_row(path: str, position: int | None) -> dict:
-    """Row ``position`` of a Parquet file; other formats give Spark no row positions."""
+def file_row(path: str, position: int | None, rid: int | None = None, stream: dict | None = None) -> dict:
+    """Row ``position`` of a Parquet file; a row of another format (which Spark gives no position) by the rid
+    of its content, read as the file stream (``stream``: its logged location) read it."""
     if position is None:
-        return {"error": f"{path} is not a Parquet file: its rows have no position, only their content's hash"}
+        if not stream or not stream.get("columns"):
+            return {"error": f"the file stream that read {path} is not logged (or not with its columns): its rows, "
+                             f"named by their content, cannot be told apart here"}
+        columns = [tuple(c) for c in stream["columns"]]
+        read = read_table({**stream, "paths": [path]}, columns)
+        named = rids.file_row_rids(path, [read.column(name).to_pylist() for name, _ in columns],
+                                   [dtype for _, dtype in columns])
+        hits = [i for i, found in enumerate(named) if found == rid]
+        return _plain(read.slice(hits[0], 1).to_pylist()[0]) if hits else {"error": f"no such row in {path} now"}
     import pyarrow.parquet as pq
 
     local = re.sub(r"^file:(//)?", "", path)
@@ -108,16 +117,17 @@ def file_row(path: str, position: int | None) -> dict:
 
 
 def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None, versions: set[str] | None = None,
-                   read_at: str | None = None) -> None:
+                   read_at: str | None = None, stream: dict | None = None) -> None:
     """``item`` with its original record as ``payload``: ``{"error": why}`` where it cannot be had, never
     an exception. A static table row whose table changed since the batches that read it (``versions``:
     the table's versions they logged) is its row now, ``changed_since`` true (a plain file keeps no
-    earlier version to read). ``read_at``: when the last batch that read a Kafka record ran."""
+    earlier version to read). ``read_at``: when the last batch that read a Kafka record ran;
+    ``stream``: the logged location of the file stream that read a file row."""
     try:
         if item.topic is not None:
             item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset, read_at)
         elif item.path is not None:
-            item.payload = file_row(item.path, item.position)
+            item.payload = file_row(item.path, item.position, item.rid, stream)
         elif item.kind == "source" and item.dataset == "rate":
             item.payload = {"value": int(item.key)}
         elif item.kind == "source":

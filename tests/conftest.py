@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 
 import pytest
 
-from headwater.deploy.stack import Stack, free_port
+from headwater.adapters.kafka import list_topics
+from headwater.deploy.stack import Stack, broker_command, free_port
 
 
 @pytest.fixture(scope="session")
@@ -128,3 +130,32 @@ def spark(stack, tmp_path_factory):
     session = spark_session("headwater-tests", **{"spark.sql.warehouse.dir": str(warehouse)})
     yield session
     session.stop()
+
+
+class Broker:
+    """A tansu broker on a fixed port, killed and started again by its PID."""
+
+    def __init__(self, port: int, logfile):
+        self.port, self.logfile, self.proc = port, logfile, None
+
+    def start(self) -> None:
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(broker_command(self.port), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        list_topics(f"127.0.0.1:{self.port}", timeout_s=30)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """A broker of the test's own, which the test may kill and start again (it loses what it held)."""
+    broker = Broker(free_port(), tmp_path / "broker.log")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.kill()

@@ -10,7 +10,6 @@ than the spill may hold), one after it is back.
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pyarrow as pa
@@ -19,11 +18,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from headwater.adapters.graph import driver
-from headwater.adapters.kafka import list_topics
 from headwater.capture import attach
 from headwater.capture.delivery import Spill
 from headwater.core.schema import LOG_BATCH, LOG_PROGRESS
-from headwater.deploy.stack import broker_command, free_port
 from headwater.indexer.batch_log import BatchLog
 from headwater.indexer.graph import batch_statuses
 
@@ -34,34 +31,6 @@ DOWN = (1, 2, 3)  # files that arrive while the broker is away
 OVERFLOW = 3
 SPILL_MAX_BYTES = 64 * 1024
 SEND_TIMEOUT_S = 6.0
-
-
-class Broker:
-    """A tansu broker on a fixed port, killed and started again by its PID."""
-
-    def __init__(self, port: int, logfile):
-        self.port, self.logfile, self.proc = port, logfile, None
-
-    def start(self) -> None:
-        with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(broker_command(self.port), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        list_topics(f"127.0.0.1:{self.port}", timeout_s=30)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def broker(tmp_path):
-    broker = Broker(free_port(), tmp_path / "broker.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.kill()
 
 
 def rows(number: int) -> list[dict]:

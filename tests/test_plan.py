@@ -50,6 +50,25 @@ def test_ir_from_records_classifies_folds_static_subtrees_and_masks_columns():
     assert column_lineage(ir) == {stream.id: [["a"], ["b"]], static.id: [[], ["d"]]}
 
 
+def test_a_static_table_is_known_by_where_it_lives():
+    def static_of(*relations):
+        raw = [node("Join", [attr("a", 1)], 2), node("StreamingRelationV2", [attr("a", 1)]),
+               node("SubqueryAlias", [attr("d", 4)], 1, streaming=False, identifier={"name": "sites"})]
+        if len(relations) > 1:
+            raw.append(node("Join", [attr("d", 4)], len(relations), streaming=False))
+        for location in relations:
+            raw.append({**node("LogicalRelation", [attr("d", 4)], streaming=False), "location": location})
+        return build(raw).sources()[1].detail
+
+    v1 = {"paths": ["file:/data/v1/sites.parquet"], "format": "parquet"}
+    catalog = {"paths": ["file:/warehouse/sites"], "format": "parquet", "table": "spark_catalog.prod.sites"}
+    assert (static_of(v1)["name"], static_of(v1)["table"]) == ("sites", "file:/data/v1/sites.parquet")
+    assert static_of(catalog)["table"] == "catalog:spark_catalog.prod.sites"  # by name, wherever its files move
+    assert static_of(catalog, v1)["table"] == "catalog:spark_catalog.prod.sites,file:/data/v1/sites.parquet"
+    assert static_of(None)["table"] is None  # rows made in memory: known within their query only
+    assert static_of(v1)["locations"] == [v1] and static_of(catalog, v1)["locations"] == [catalog, v1]
+
+
 def test_union_columns_derive_from_every_branch():
     # Union[x] <- (Project[x = a * 2] <- stream[a], stream[b])
     raw = [

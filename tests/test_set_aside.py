@@ -20,7 +20,6 @@ import pytest
 
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, encode_lineage, encode_log
-from headwater.deploy.stack import free_port
 from headwater.indexer.compaction import compact
 from headwater.indexer.generation import Generation
 from headwater.query.api import LineageClient
@@ -28,21 +27,10 @@ from headwater.query.backend import ROW_FIELDS, UnknownRow
 from headwater.query.parquet import StoreView
 
 from .conftest import index
-from .test_faults import Broker
 from .test_query_backends import oracle, pipeline
 
 BACKENDS = ("cypher", "csprov", "rq", "auto")
 QUERIES = ("enrich", "totals", "alerts")
-
-
-@pytest.fixture
-def broker(tmp_path):
-    broker = Broker(free_port(), tmp_path / "broker.log")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.kill()
 
 
 class Runs:

@@ -21,7 +21,6 @@ from headwater.capture import attach
 from headwater.demo import orders as demo_data
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
-from headwater.query.backend import LineageError
 
 from .conftest import index, own_topics
 from .oracle import as_input
@@ -145,8 +144,8 @@ def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path
                 outputs_of.setdefault(item, set()).add(row._hw_rid)
         # Forward: each impression and click reaches exactly the joined rows holding it.
         for (_, topic, partition, offset) in coordinates.values():
-            try:
-                reached = {x.rid for x in client.forward(kafka_rid(topic, partition, offset))}
-            except LineageError:  # joined nothing and was not emitted alone
-                reached = set()
-            assert reached == outputs_of.get(("kafka", topic, partition, offset), set())
+            answer = client.forward(kafka_rid(topic, partition, offset))
+            item = ("kafka", topic, partition, offset)
+            assert {x.rid for x in answer} == outputs_of.get(item, set())
+            if item not in outputs_of:  # joined nothing and was not emitted alone: read, and complete
+                assert answer.complete and len(answer.read_by) == 1 and answer.read_by[0].status == "full"

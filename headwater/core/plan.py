@@ -264,18 +264,18 @@ def static_table(node: PlanNode) -> str | None:
     joined by commas, sorted. None when a relation has no such place (rows made in memory,
     ``range``): such a table is known only within its query.
     """
-    places = set()
+    found = set()
     for n in node.walk():
         if n.children:
             continue
         location = n.detail.get("location") or {}
         if location.get("table"):
-            places.add(f"catalog:{location['table']}")
+            found.add(f"catalog:{location['table']}")
         elif location.get("paths"):
-            places.update(location["paths"])
+            found.update(location["paths"])
         else:
             return None
-    return ",".join(sorted(places)) or None
+    return ",".join(sorted(found)) or None
 
 
 def derivation(root: PlanNode) -> dict[int, set[int]]:

@@ -220,21 +220,31 @@ def table_row_rid(table: str, values, dtypes) -> int:
     """
     if len(values) != len(dtypes):
         raise ValueError(f"{len(values)} values for {len(dtypes)} column types")
-    return _row_hash(table, dtypes)(values)
+    return _row_hash(TABLE, table, dtypes)(values)
 
 
 def table_row_rids(table: str, columns, dtypes) -> list[int]:
     """``table_row_rid`` of every row of a table given by its ``columns`` (each a sequence of values)."""
+    return _row_rids(TABLE, table, columns, dtypes)
+
+
+def file_row_rids(path: str, columns, dtypes) -> list[int]:
+    """The rids capture gives the rows of a JSON, CSV or text file stream's file ``path`` (as Spark names it),
+    which have no position: ``xxhash64('file', path, c1, c2, …)`` over every column, as ``table_row_rid``."""
+    return _row_rids(FILE, path, columns, dtypes)
+
+
+def _row_rids(namespace: str, name: str, columns, dtypes) -> list[int]:
     if len(columns) != len(dtypes):
         raise ValueError(f"{len(columns)} columns for {len(dtypes)} column types")
-    row_hash = _row_hash(table, dtypes)
+    row_hash = _row_hash(namespace, name, dtypes)
     return [row_hash(values) for values in zip(*columns)]
 
 
-def _row_hash(table: str, dtypes):
+def _row_hash(namespace: str, name: str, dtypes):
     dtypes = [_SIMPLE_NAMES.get(dtype, dtype) for dtype in dtypes]
     hashers = list(zip(dtypes, [_hasher(dtype) for dtype in dtypes]))
-    seed = spark_xxhash64(TABLE, table) & _M
+    seed = spark_xxhash64(namespace, name) & _M
 
     def row_hash(values) -> int:
         h = seed
