@@ -89,25 +89,35 @@ class Forward:
         if kafka is not None:
             return kafka
         table, unnamed = None, {}
+        naming: dict[tuple[str, str], list[str]] = {}  # by query and plan: the tables of it that hold the row
         for query, batch, status, _ in uncaptured:
             _check(deadline, rid)
             plan, kept = self.fallback.plan(query, batch)
-            for relation in (op for op in plan.operators() if isinstance(op, Relation)):
-                if relation.streaming or not relation.location:
-                    continue
-                dataset = static_source(relation, kept)["dataset"]
-                try:
-                    named = self.fallback.table_rids(relation, kept)
-                except LineageError as e:  # the rid may still be another table's row
-                    unnamed.setdefault(dataset, e)
-                    continue
-                if rid in named:
-                    table = table or Read("table", (dataset,))
-                    if (query, batch, status) not in table.batches:
-                        table.batches.append((query, batch, status))
+            held = (query, kept["fingerprint"])
+            if held not in naming:  # once per plan, not per batch that ran it: a stream runs one plan for long
+                naming[held] = self._tables_holding(rid, plan, kept, unnamed)
+            for dataset in naming[held]:
+                table = table or Read("table", (dataset,))
+                if (query, batch, status) not in table.batches:
+                    table.batches.append((query, batch, status))
         if table is None and unnamed:
             raise next(iter(unnamed.values()))
         return table
+
+    def _tables_holding(self, rid: int, plan: Plan, kept: dict, unnamed: dict) -> list[str]:
+        """The datasets of the static tables ``plan`` reads that hold the row ``rid``; a table whose rows
+        cannot be named here goes into ``unnamed`` (the rid may still be another table's row)."""
+        found = []
+        for relation in (op for op in plan.operators() if isinstance(op, Relation)):
+            if relation.streaming or not relation.location:
+                continue
+            dataset = static_source(relation, kept)["dataset"]
+            try:
+                if rid in self.fallback.table_rids(relation, kept):
+                    found.append(dataset)
+            except LineageError as e:
+                unnamed.setdefault(dataset, e)
+        return found
 
     def derived(self, rid: int, read: Read, deadline: float | None = None) -> list[Lineage]:
         """The sink rows derived from the row ``read`` describes, over every batch that read it."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 import base64
 import datetime
 import json
-import re
 
 from headwater.adapters.kafka import KafkaSourceError, record_at
-from headwater.adapters.table_files import TableUnreadable, read_table, table_version
+from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version
 from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
 
@@ -106,9 +105,8 @@ def file_row(path: str, position: int | None, rid: int | None = None, stream: di
         return _plain(read.slice(hits[0], 1).to_pylist()[0]) if hits else {"error": f"no such row in {path} now"}
     import pyarrow.parquet as pq
 
-    local = re.sub(r"^file:(//)?", "", path)
     try:
-        rows = pq.ParquetFile(local).read().slice(position, 1).to_pylist()
+        rows = pq.ParquetFile(local_path(path)).read().slice(position, 1).to_pylist()
     except OSError as exc:
         return {"error": f"cannot read {path}: {exc}"}
     if not rows:
