@@ -5,6 +5,7 @@ lineage payloads on the edges topic and plan/batch records on the log topic.
 """
 
 from .rewrite import UnsupportedPlanError
+from .sinks import SinkError
 from .tracer import Traced, Tracer, attach
 
-__all__ = ["attach", "Tracer", "Traced", "UnsupportedPlanError"]
+__all__ = ["attach", "Tracer", "Traced", "SinkError", "UnsupportedPlanError"]

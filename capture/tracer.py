@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,10 +28,10 @@ from headwater.adapters.table_files import TableUnreadable, table_version
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
-from headwater.core.plan import column_lineage, column_masks, location_key, places, plan_fingerprint
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, encode_log
+from headwater.core.plan import column_masks, location_key, places, plan_fingerprint
+from headwater.core.schema import LOG_BATCH, encode_log
 
-from . import checkpoint, metrics
+from . import metrics
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .kafka_source import KafkaSource
@@ -41,8 +42,11 @@ from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
 from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
-from .sinks import SinkSpec, write_batch
+from .sinks import CONSOLE, Sink, SinkSpec
 from .spark_plan import analyzed, optimized_records
+
+if TYPE_CHECKING:
+    from .writer import TracedWriter
 
 log = logging.getLogger("headwater.capture")
 
@@ -242,93 +246,9 @@ class Traced:
 
     @property
     def writeStream(self) -> "TracedWriter":
+        from .writer import TracedWriter
+
         return TracedWriter(self)
-
-
-class TracedWriter:
-    """Mirrors ``DataStreamWriter``; every method returns the writer, ``start`` the query."""
-
-    def __init__(self, traced: Traced):
-        self._traced = traced
-        self._sink = SinkSpec()
-        self._output_mode = None
-        self._trigger: dict = {}
-        self._query_name = None
-        self._checkpoint = None
-
-    def format(self, source: str) -> "TracedWriter":
-        self._sink.format = source
-        return self
-
-    def option(self, key: str, value) -> "TracedWriter":
-        if key == "checkpointLocation":
-            self._checkpoint = str(value)
-        else:
-            self._sink.options[key] = str(value)
-        return self
-
-    def options(self, **options) -> "TracedWriter":
-        for key, value in options.items():
-            self.option(key, value)
-        return self
-
-    def outputMode(self, mode: str) -> "TracedWriter":
-        self._output_mode = mode
-        return self
-
-    def trigger(self, **trigger) -> "TracedWriter":
-        self._trigger = trigger
-        return self
-
-    def queryName(self, name: str) -> "TracedWriter":
-        self._query_name = name
-        return self
-
-    def foreachBatch(self, func) -> "TracedWriter":
-        self._sink.foreach_batch = func
-        return self
-
-    def toTable(self, tableName: str, **options) -> StreamingQuery:
-        self._sink.table = tableName
-        return self.start(**options)
-
-    def start(self, path: str | None = None, format: str | None = None, outputMode: str | None = None,
-              queryName: str | None = None, **options) -> StreamingQuery:
-        if path:
-            self._sink.options["path"] = path
-        if format:
-            self._sink.format = format
-        if outputMode:
-            self._output_mode = outputMode
-        if queryName:
-            self._query_name = queryName
-        self.options(**options)
-
-        traced = self._traced
-        hook = BatchHook(traced, self._sink)
-        writer = hook.streaming_frame(traced.threaded.df).writeStream.foreachBatch(hook)
-        if self._output_mode:
-            writer = writer.outputMode(self._output_mode)
-        if self._trigger:
-            writer = writer.trigger(**self._trigger)
-        query_name = self._query_name or traced.name
-        writer = writer.queryName(query_name)
-        traced.tracer.name_query(query_name, traced.name)
-        if self._checkpoint:
-            writer = writer.option("checkpointLocation", self._checkpoint)
-        ir = traced.threaded.ir
-        reads = column_lineage(ir)
-        folder = checkpoint.local_folder(self._checkpoint)
-        previous, from_batch = checkpoint.record_plan(folder, traced.fingerprint) if folder else (None, 0)
-        traced.tracer.publish_log(
-            LOG_PLAN, query=traced.name, sink=self._sink.describe(), ir=ir.to_dict(),
-            fingerprint=traced.fingerprint, previous_fingerprint=previous, from_batch=from_batch,
-            changed=previous is not None and previous != traced.fingerprint,
-            sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)}
-                     for s in traced.threaded.sources + traced.threaded.inputs],
-            output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
-        )
-        return traced.tracer.start_query(writer, traced.name)
 
 
 def _observe_job(query: str, batch: int, part: str, seconds: float) -> None:
@@ -349,9 +269,10 @@ def _holds_map(dtype) -> bool:
 class BatchHook:
     """The per-batch hook: user's rows to the user's sink, lineage to the edges topic."""
 
-    def __init__(self, traced: Traced, sink: SinkSpec):
+    def __init__(self, traced: Traced, spec: SinkSpec):
         self.traced = traced
-        self.sink = sink
+        self.spec = spec
+        self.sink: Sink | None = None  # opened from the spec at start()
         threaded = traced.threaded
         self.masks = column_masks(threaded.ir)
         config = traced.tracer.config
@@ -362,7 +283,6 @@ class BatchHook:
         self.counts = context.accumulator(Counts().zero(None), Counts())
         self.parallelism = max(1, context.defaultParallelism)
         self._kept_schema = None  # of the sink's rows with their rid, once known
-        self._batches = 0  # run by this hook: only its first batch may be a retry of an earlier run's
         # Everything below is the same for every batch: built once, so a batch costs
         # the driver few calls into the JVM.
         fields = threaded.df.schema.fields
@@ -419,7 +339,7 @@ class BatchHook:
         content and inputs share a rid, which is their true lineage either way.
         """
         parts = [F.col(f"{s.column}.rid") for s in self.traced.threaded.sources]
-        return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.sink.describe()),
+        return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.spec.describe()),
                           *parts, *[F.col(c) for c in self.hashable])
 
     @staticmethod
@@ -434,9 +354,10 @@ class BatchHook:
         frame = batch_df
         boxes = self.traced.threaded.black_boxes
         capture = plan.level != LOG_ONLY
-        fused = capture and self.fusable
-        retry = self._batches == 0
-        self._batches += 1
+        # An earlier attempt wrote the batch and Spark's commit did not follow: the sink keeps
+        # what it holds, and the lineage is published again (rids and edges are idempotent).
+        written = self.sink.committed(batch_id)
+        fused = capture and self.fusable and not written
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
@@ -447,9 +368,9 @@ class BatchHook:
         publishing = 0.0
         try:
             if fused:
-                stats, publishing = self._write_through(out, batch_id, plan, retry)
-            else:
-                write_batch(out.select(*self._named), self.sink, batch_id, retry)
+                stats, publishing = self._write_through(out, batch_id, plan)
+            elif not written:
+                self.sink.write(out.select(*self._named), batch_id)
             if capture and not fused:
                 publish_started = time.monotonic()
                 context = batch_df.sparkSession.sparkContext
@@ -471,6 +392,11 @@ class BatchHook:
         metrics.record_batch(self.traced.name, status, stats, publishing)
         metrics.OVERHEAD_RATIO.labels(self.traced.name).set(metrics.overhead_ratio(publishing, rest))
         extra = {"sampled_fraction": plan.fraction} if plan.level == SAMPLED else {}
+        files = self.sink.files(batch_id)
+        if files is not None:
+            extra["sink_files"] = files
+        if written:
+            extra["sink_written_before"] = True
         self.traced.tracer.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
             seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3), **extra, **stats,
@@ -487,7 +413,7 @@ class BatchHook:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
-        if self.traced.threaded.black_boxes or self.sink.foreach_batch is not None or self.sink.format == "console":
+        if self.traced.threaded.black_boxes or self.spec.foreach_batch is not None or self.spec.format == CONSOLE:
             return False
         try:
             to_arrow_schema(StructType(list(fields)),
@@ -498,7 +424,7 @@ class BatchHook:
                      self.traced.name, exc_info=True)
             return False
 
-    def _write_through(self, out: DataFrame, batch_id: int, plan: Plan, retry: bool) -> tuple[dict, float]:
+    def _write_through(self, out: DataFrame, batch_id: int, plan: Plan) -> tuple[dict, float]:
         """Write the sink with lineage published by the same tasks; returns (counts, capture seconds).
 
         The capture seconds are the tasks' time on lineage spread over the cores that ran them.
@@ -511,7 +437,7 @@ class BatchHook:
             self._kept_schema = out.select(*self._keep_columns).schema
         inputs = out.select(*self._rid_inputs)
         before = list(self.counts.value)
-        write_batch(inputs.mapInArrow(fn, self._kept_schema).select(*self._named), self.sink, batch_id, retry)
+        self.sink.write(inputs.mapInArrow(fn, self._kept_schema).select(*self._named), batch_id)
         delta = [after - was for after, was in zip(self.counts.value, before)]
         stats = dict(zip(STATS, delta))
         stats["rows_out"] = stats.pop("rows")
@@ -541,7 +467,7 @@ class BatchHook:
         stats["rows_out"] = stats.pop("rows", None)
         if plan.level == SAMPLED:
             stats.pop("rows_out")  # the sample's rows, not the sink's
-        if self.sink.foreach_batch is not None:
+        if self.spec.foreach_batch is not None:
             self._add(stats, self._publish_foreach_batch(out, batch_id))
         inputs = {s.column: s for s in threaded.inputs}
         for box in threaded.black_boxes:

@@ -23,10 +23,11 @@ same plan over the same rows: ``forward_fallback.py``.
 from __future__ import annotations
 
 import datetime
-import re
+import json
 import time
 from pathlib import Path
 from typing import Callable
+from urllib.parse import unquote
 
 import numpy as np
 import pandas as pd
@@ -45,7 +46,6 @@ from .infer.operators import Plan, Relation, build
 from .infer.refine import Inferred, Prepared, infer, prepare
 
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
-_BATCH_FILE = re.compile(r"^part-hw-(\d+)-")
 FETCH_TIMEOUT_S = 60
 
 
@@ -139,23 +139,37 @@ class Fallback:
             return read[relation.id][0]
         return table, read
 
-    def sink_files(self, kept: dict) -> list[tuple[ds.Fragment, int]] | None:
-        """The files of the query's sink with the batch that wrote each (from their names), or
-        None if the sink is not a file sink holding ``_hw_rid`` that can be read here."""
+    def sink_files(self, query: str, kept: dict) -> list[tuple[ds.Fragment, int]] | None:
+        """The files of the query's sink with the batch that wrote each, or None if the sink is not
+        a file sink holding ``_hw_rid`` that can be read here. A batch's files are those its capture
+        record lists (``sink_files``), else those the sink's own commit log lists for it: files in
+        neither are an attempt's that Spark never committed, which no reader of the sink sees."""
         kind, _, path = (kept.get("sink") or "").partition(":")
-        path = path.removeprefix("file:")
-        if kind not in ("parquet", "orc", "json") or not path or not Path(path).exists():
+        try:
+            path = local_path(path)
+            if kind not in ("parquet", "orc", "json") or not path or not Path(path).exists():
+                return None
+            log = self.log.refresh()
+            batch_of = {}
+            for batch in log.batches(query):
+                listed = (log.batch(query, batch) or {}).get("sink_files") or committed_files(path, batch)
+                # Spark lists them as URIs: a file's name is escaped.
+                batch_of.update((str(Path(unquote(local_path(f))).resolve()), batch) for f in listed)
+        except TableUnreadable:  # a sink on a file system this host cannot read
             return None
-        dataset = ds.dataset(path, format=kind)
+        paths = [f for f in batch_of if Path(f).exists()]
+        if not paths:
+            return []
+        dataset = ds.dataset(paths, format=kind, partitioning="hive", partition_base_dir=str(Path(path).resolve()))
         if "_hw_rid" not in dataset.schema.names:
             return None
-        return [(f, int(m.group(1))) for f in dataset.get_fragments() if (m := _BATCH_FILE.search(Path(f.path).name))]
+        return [(f, batch_of[str(Path(f.path).resolve())]) for f in dataset.get_fragments()]
 
     def locate(self, rid: int, deadline: float | None = None) -> tuple[str, int, dict] | None:
         """(query, batch, column values) of the sink row whose ``_hw_rid`` is ``rid``, or None.
 
-        Capture names a file sink's files after their batch (``part-hw-<batch>-…``), so only
-        the files of batches the batch log says were not fully captured are read: a rid
+        The batch log says which batch wrote each file of a file sink (``sink_files``), so
+        only the files of batches it says were not fully captured are read: a rid
         of any other batch is in the stores or nowhere. Sinks of other kinds (tables,
         foreachBatch) cannot be read back here yet. Past ``deadline`` (monotonic), the
         search stops with an error: an unknown rid never costs an unbounded scan.
@@ -164,7 +178,7 @@ class Fallback:
 
         log = self.log.refresh()
         for query in self.plans.queries():
-            files = self.sink_files(self.plans.latest(query))
+            files = self.sink_files(query, self.plans.latest(query))
             if files is None:
                 continue
             statuses = log.statuses({(query, batch) for _, batch in files})
@@ -272,6 +286,17 @@ class Fallback:
         except TableUnreadable as exc:
             raise LineageError(f"the static table cannot be read back: {exc}") from None
         return self._static[cache]
+
+
+def committed_files(sink: str, batch: int) -> list[str]:
+    """The files a file sink's own commit log (Spark's ``_spark_metadata``) lists for one batch;
+    none once Spark has compacted or deleted its entry."""
+    entry = Path(sink, "_spark_metadata", str(batch))
+    try:
+        lines = entry.read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line)["path"] for line in lines[1:] if line.strip()]
 
 
 def static_source(relation: Relation, kept: dict) -> dict:

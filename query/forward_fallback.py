@@ -8,8 +8,8 @@ table, its rows named as capture names them (by their declared key, or by their 
 content: ``Fallback.table_rids``). Each such batch's plan is then replayed in memory over the
 rows it read (read back as ``fallback.py`` does), every output row carrying the input
 rows it derives from (``infer/run.py``), and the output rows that derive from the asked
-row are matched by value to the rows the batch wrote to its sink (capture names a file
-sink's files after their batch), which carry their rids.
+row are matched by value to the rows the batch wrote to its sink (the batch log lists a
+file sink's files by batch), which carry their rids.
 
 Records say ``via: inference``. They are ``exact`` unless equal output rows of the
 batch, only some of which derive from the asked row, make the match ambiguous (all of
@@ -181,7 +181,7 @@ class Forward:
             raise LineageError(f"the plan of {query!r} keeps state across batches ({_name(kept_state)}, op "
                                f"{kept_state.id}): rows of later batches may derive from the row, which inference "
                                f"from one batch cannot show")
-        files = self.fallback.sink_files(kept)
+        files = self.fallback.sink_files(query, kept)
         if files is None:
             raise LineageError(f"the sink of {query!r} ({kept.get('sink')}) cannot be read back here (only file sinks "
                                f"with _hw_rid): the rows derived from the row cannot be named")

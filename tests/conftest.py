@@ -54,6 +54,25 @@ def read_log(config) -> list[dict]:
         consumer.close()
 
 
+def local_file(path: str) -> str:
+    """A file's local path, resolved, whether Spark names it as a URI (escaped) or not."""
+    from pathlib import Path
+    from urllib.parse import unquote
+
+    from headwater.adapters.table_files import local_path
+
+    return str(Path(unquote(local_path(path))).resolve())
+
+
+def sink_file_batches(config, query: str) -> dict[str, int]:
+    """The batch that wrote each file of a traced query's file sink (``local_file``), as capture
+    logged it in the batch's record (``sink_files``)."""
+    from headwater.core.schema import LOG_BATCH
+
+    return {local_file(f): r["batch"] for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == query
+            for f in r.get("sink_files") or []}
+
+
 def index(config, group: str | None = None, idle_s: float = 1.5, max_seconds: float = 180):
     """Index everything on the config's topics into the graph and the store, until caught up;
     the indexer's stats. An indexer that could not catch up in ``max_seconds`` fails the test

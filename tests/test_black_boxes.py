@@ -11,7 +11,6 @@ the black box (the dims row of a join above it) stay exact.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections import Counter
 
@@ -27,7 +26,7 @@ from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
 from . import pipelines
-from .conftest import index
+from .conftest import index, local_file, sink_file_batches
 from .oracle import as_input
 
 EVENTS = 300
@@ -71,7 +70,8 @@ def run_traced(spark, env, df, name, mode="append", **trace):
         if progress.numInputRows:
             source = progress.sources[0]
             batches[progress.batchId] = (json.loads(source.startOffset or "null") or {}, json.loads(source.endOffset))
-    return [(r.asDict(), int(re.search(r"part-hw-(\d+)-", r["_file"]).group(1))) for r in rows], batches
+    batch_of = sink_file_batches(env.config, name)
+    return [(r.asDict(), batch_of[local_file(r["_file"])]) for r in rows], batches
 
 
 def records_read(env, start: dict, end: dict) -> list[tuple]:

@@ -28,7 +28,7 @@ from headwater.query.backend import LineageError
 from headwater.query.fallback import Fallback
 from headwater.query.infer.operators import build
 
-from .conftest import index, own_topics, read_log, records_read
+from .conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches
 from .oracle import as_input, demo_lineage
 
 ORDERS = 1000
@@ -89,8 +89,9 @@ def test_inferred_lineage_of_every_output_row_contains_the_oracle_and_equals_it_
             .drop("_hw_rid").join(spark.read.parquet(run.sink).select("order_id", "_hw_rid"), "order_id").collect())
     fallback = Fallback(run.config)
     exact, reasons = 0, set()
+    batch_of = sink_file_batches(run.config, "enriched_orders")
     for row in rows:
-        batch = int(re.search(r"part-hw-(\d+)-", row.file).group(1))
+        batch = batch_of[local_file(row.file)]
         found, inferred = fallback.backward("enriched_orders", batch, row._hw_rid, row.asDict())
         assert all(x.via == "inference" and x.of == row._hw_rid and x.batches == [batch] for x in found)
         got = {as_input(x) for x in found}
@@ -122,7 +123,6 @@ def test_forward_lineage_of_every_kafka_record_equals_the_oracle(spark, run):
                     [("enriched_orders", read[item[1:]], "full")]
         # A customer's row is named by where its table lives: the session's shared graph holds other
         # tests' customers tables too, of other paths, whose rows are other rows.
-        ours = set(rid_of_order.values())
         for key in {k for k in outputs_of if k[0] == "table"}:
             from headwater.core.rid import table_rid
 
@@ -201,8 +201,9 @@ def test_batch_log_records_the_offsets_each_batch_read(spark, run):
         if isinstance(order, dict) and "order_id" in order:
             coordinate_of[order["order_id"]] = (p, o)
     rows = spark.read.parquet(run.sink).withColumn("file", F.input_file_name()).select("order_id", "file").collect()
+    batch_of = sink_file_batches(run.config, "enriched_orders")
     for row in rows:
-        batch = int(re.search(r"part-hw-(\d+)-", row.file).group(1))
+        batch = batch_of[local_file(row.file)]
         (source,) = progress[batch]["sources"]
         p, o = coordinate_of[row.order_id]
         key = f"{run.topic}:{p}"

@@ -21,7 +21,7 @@ from headwater.indexer.plans import PlanStore
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError, UnknownRow
 
-from .conftest import index, own_topics, records_read
+from .conftest import index, own_topics, records_read, sink_file_batches
 from .oracle import as_input, demo_lineage, derived_from, parse
 
 ORDERS = 300
@@ -154,7 +154,7 @@ def test_equal_output_rows_and_a_changed_sink_are_answered_as_flagged_supersets(
     # A sink file changed after its batch wrote it: the replay no longer gives the batch's rows,
     # so every row the batch wrote is answered, none of them exact.
     record, batch, _, _ = next(r for r in records if r[2] and not r[3])
-    files = sorted(f for f in Path(sink).iterdir() if f.name.startswith("part-hw-") and int(f.name.split("-")[2]) == batch)
+    files = sorted(Path(f) for f, b in sink_file_batches(config, "enriched_orders").items() if b == batch)
     changed = next(f for f in files if pq.read_metadata(f).num_rows)
     pq.write_table(pq.read_table(changed).slice(1), changed)
     left = {rid for f in files for rid in pq.read_table(f, columns=["_hw_rid"])["_hw_rid"].to_pylist()}

@@ -7,8 +7,6 @@ not captured named as the answer's gap."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -23,7 +21,7 @@ from headwater.demo import orders as data
 from headwater.demo.run import end_offsets, run_pipeline
 from headwater.query.api import LineageClient
 
-from .conftest import index, own_topics, read_log, records_read
+from .conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches
 from .oracle import as_input, demo_lineage, derived_from, parse
 
 QUERY = "enriched_orders"
@@ -32,7 +30,6 @@ MAX_PER_BATCH = 40
 # Any capture exceeds the last run's budget: its first batch is full, then capture steps down.
 RUNS = ((80, {}), (100, {"capture": LOG_ONLY}), (120, {"overhead_budget": 1e-6}))
 ORDERS = sum(count for count, _ in RUNS)
-_BATCH_FILE = re.compile(r"^part-hw-(\d+)-")
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +52,10 @@ def run(spark, stack_config, tmp_path_factory):
         read.update(records_read(query))
     index(config)
     logged = {r["batch"]: r for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == QUERY}
-    rows = []  # (order_id, rid, batch) of every sink row, its batch from capture's file name
+    rows = []  # (order_id, rid, batch) of every sink row, its batch from the files capture logged
+    batch_of = sink_file_batches(config, QUERY)
     for fragment in ds.dataset(sink, format="parquet").get_fragments():
-        batch = int(_BATCH_FILE.search(Path(fragment.path).name).group(1))
+        batch = batch_of[local_file(fragment.path)]
         table = fragment.to_table(columns=["order_id", "_hw_rid"])
         rows += [(order, rid, batch) for order, rid in zip(*(c.to_pylist() for c in table.columns))]
     # Each event's record: (topic, partition, offset), the batch that read it, whether it is garbage.

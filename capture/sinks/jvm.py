@@ -1,0 +1,59 @@
+"""Scala values for Spark's own sink code, built through py4j."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+OUTPUT_MODES = ("append", "update", "complete")
+
+
+def scala_seq(jvm, values) -> object:
+    return jvm.org.apache.spark.api.python.PythonUtils.toSeq(java_list(jvm, values))
+
+
+def scala_map(jvm, mapping: dict) -> object:
+    return jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map(jvm, mapping))
+
+
+def java_list(jvm, values) -> object:
+    result = jvm.java.util.ArrayList()
+    for value in values:
+        result.add(value)
+    return result
+
+
+def java_map(jvm, mapping: dict) -> object:
+    result = jvm.java.util.HashMap()
+    for key, value in mapping.items():
+        result.put(key, value)
+    return result
+
+
+def python_list(seq) -> list:
+    """A Scala ``Seq`` as a Python list."""
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def case_insensitive(jvm, options: dict) -> object:
+    return jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap(java_map(jvm, options))
+
+
+def output_mode(jvm, mode: str) -> object:
+    modes = jvm.org.apache.spark.sql.streaming.OutputMode
+    return {"append": modes.Append, "update": modes.Update, "complete": modes.Complete}[mode.lower()]()
+
+
+def java_schema(spark: SparkSession, schema: StructType) -> object:
+    return spark._jsparkSession.parseDataType(schema.json())
+
+
+def is_instance(jvm, class_name: str, value) -> bool:
+    return bool(jvm.java.lang.Class.forName(class_name).isInstance(value))
+
+
+def message(exc: Exception) -> str:
+    """The first line of an exception from the JVM, which is what says what went wrong."""
+    java = getattr(exc, "java_exception", None)  # py4j's own error says only which call failed
+    text = str((java.getMessage() if java is not None else None) or exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__

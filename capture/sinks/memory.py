@@ -1,0 +1,35 @@
+"""The memory sink: Spark's own ``MemorySink``, read through a temporary view named after the query."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from . import Sink, SinkError
+from .jvm import java_schema
+
+EXACTLY_ONCE_IN_SESSION = "exactly-once while the session lives"
+
+
+class MemorySink(Sink):
+    """As ``DataStreamWriter`` starts a memory sink: a ``MemorySink``, and a temporary view of
+    the query's name over it; in complete mode each batch replaces the rows before it."""
+
+    guarantee = EXACTLY_ONCE_IN_SESSION
+
+    def __init__(self, spark: SparkSession, query_name: str | None, schema: StructType, complete: bool):
+        if not query_name:
+            raise SinkError("the memory sink needs a query name: .queryName('…')")
+        jvm = spark._jvm
+        self._jsink = jvm.org.apache.spark.sql.execution.streaming.sources.MemorySink()
+        attributes = jvm.org.apache.spark.sql.catalyst.types.DataTypeUtils.toAttributes(java_schema(spark, schema))
+        plan = jvm.org.apache.spark.sql.execution.streaming.sources.MemoryPlan(self._jsink, attributes)
+        jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan).createOrReplaceTempView(query_name)
+        self.complete = complete
+
+    def committed(self, batch_id: int) -> bool:
+        latest = self._jsink.latestBatchId()
+        return bool(latest.isDefined()) and int(latest.get()) >= batch_id
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        self._jsink.write(batch_id, self.complete, df._jdf.collect())

@@ -1,0 +1,92 @@
+"""Sinks whose writing is Python code: the user's foreach and foreachBatch, console, noop.
+
+Untraced, Spark calls the user's code once per batch (foreachBatch) or per partition of
+a batch (foreach) and retries a failed batch by calling it again with the same batch
+id: at least once, and idempotent only if the user's code makes it so. Traced, the same
+calls are made with the same ids, the rows carrying ``_hw_rid`` besides.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from . import AT_LEAST_ONCE, NONE, Sink, SinkError, option
+
+RULE = "-" * 43  # ConsoleWrite's rule above and below "Batch: N"
+
+
+class ForeachBatchSink(Sink):
+    guarantee = AT_LEAST_ONCE
+
+    def __init__(self, function):
+        if not callable(function):
+            raise SinkError("foreachBatch needs a function of (DataFrame, batch id)")
+        self.function = function
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        self.function(df, batch_id)
+
+
+class ForeachSink(Sink):
+    """``foreach(f)``: ``f(row)`` for every row, or a writer's ``open(partition_id, epoch_id)``,
+    ``process(row)`` and ``close(error)`` per partition, as ``DataStreamWriter.foreach`` calls them."""
+
+    guarantee = AT_LEAST_ONCE
+
+    def __init__(self, writer):
+        self.run = partition_writer(writer)
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        run = self.run
+        df.rdd.mapPartitionsWithIndex(lambda partition, rows: run(partition, batch_id, rows)).count()
+
+
+def partition_writer(writer):
+    """``run(partition_id, epoch_id, rows)`` for a foreach writer, checked as Spark checks it."""
+    if callable(writer) and not hasattr(writer, "process"):
+        def each_row(_partition, _epoch, rows):
+            for row in rows:
+                writer(row)
+            return iter(())
+        return each_row
+    for name, required in (("process", True), ("open", False), ("close", False)):
+        if (required or hasattr(writer, name)) and not callable(getattr(writer, name, None)):
+            raise SinkError(f"the foreach writer's {name!r} must be a method: foreach takes a function of a row, or "
+                            f"an object with process(row) and optional open(partition_id, epoch_id) and close(error)")
+
+    def open_process_close(partition, epoch, rows):
+        error = None
+        try:
+            if not hasattr(writer, "open") or writer.open(partition, epoch):
+                for row in rows:
+                    writer.process(row)
+        except Exception as exc:
+            error = exc
+        finally:
+            if hasattr(writer, "close"):
+                writer.close(error)
+        if error is not None:
+            raise error
+        return iter(())
+    return open_process_close
+
+
+class ConsoleSink(Sink):
+    """What Spark's console sink prints: the batch's header, then its rows."""
+
+    guarantee = NONE
+
+    def __init__(self, options: dict):
+        self.rows = int(option(options, "numRows") or 20)
+        self.truncate = (option(options, "truncate") or "true").lower() == "true"
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        print(f"{RULE}\nBatch: {batch_id}\n{RULE}")
+        df.show(self.rows, truncate=self.truncate)
+
+
+class NoopSink(Sink):
+    guarantee = NONE
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        df.write.format("noop").mode("overwrite").save()

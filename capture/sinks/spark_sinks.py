@@ -1,0 +1,180 @@
+"""Sinks Spark builds for a format: file sinks, ``StreamSinkProvider`` sinks and V2 streaming writers.
+
+``spark_sink`` makes the decision ``DataStreamWriter.start()`` makes, through the same
+Spark calls, and each batch is written by the sink's own code: ``addBatch`` of a V1 sink
+(Spark's ``FileStreamSink`` for file formats, with its ``_spark_metadata`` log), or, for a
+table with a streaming writer (Kafka, Python data sources, catalogs' V2 tables), the
+plan Spark's micro-batch engine runs (``WriteToMicroBatchDataSource`` with the batch id,
+which Spark turns into a ``MicroBatchWrite``: the writer's ``commit`` gets the batch id).
+What a sink writes, and whether a retried batch is written again, is Spark's code or
+the connector's, as untraced.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from . import AT_LEAST_ONCE, EXACTLY_ONCE, Sink, SinkError, option
+from .jvm import case_insensitive, is_instance, java_schema, message, output_mode as java_output_mode, scala_map, \
+    scala_seq
+
+FILE_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
+QUERY_ID = "sql.streaming.queryId"  # StreamExecution.QUERY_ID_KEY, set on the thread running the batch
+AS_THE_CONNECTOR = "as the connector commits"  # a streaming writer's guarantee is its own
+
+
+class SparkSink(Sink):
+    """A V1 sink of Spark's (``StreamSinkProvider``): each batch goes to its ``addBatch``."""
+
+    def __init__(self, jsink, guarantee: str = AT_LEAST_ONCE):
+        self._jsink = jsink
+        self.guarantee = guarantee
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        self._jsink.addBatch(batch_id, df._jdf)
+
+
+class FileSink(SparkSink):
+    """Spark's file sink: files written under the path, then the batch's list of them added to
+    ``_spark_metadata``; readers of the path read that log, so they see committed batches only,
+    and a batch the log already holds is not written again."""
+
+    def __init__(self, spark: SparkSession, jsink, path: str):
+        super().__init__(jsink, EXACTLY_ONCE)
+        jvm = spark._jvm
+        root = jvm.org.apache.hadoop.fs.Path(path)
+        self._fs = root.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+        sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
+        self._log_path = sinks.FileStreamSink.getMetadataLogPath(self._fs, root,
+                                                                 spark._jsparkSession.sessionState().conf())
+        # A reader of the sink's log, opened as Spark's readers open it.
+        self._log = sinks.FileStreamSinkLog(1, spark._jsparkSession, self._log_path.toString(),
+                                            jvm.scala.Option.empty())
+
+    def committed(self, batch_id: int) -> bool:
+        latest = self._log.getLatestBatchId()
+        return bool(latest.isDefined()) and int(latest.get()) >= batch_id
+
+    def files(self, batch_id: int) -> list[str] | None:
+        """The batch's files as its log entry lists them. Every few batches Spark compacts the
+        log: that batch's entry lists every file so far, less what earlier entries listed."""
+        entries = self._entries(batch_id)
+        if entries is None:
+            return None
+        compactions = sorted(int(name.split(".")[0]) for name in self._names() if name.endswith(".compact"))
+        if batch_id not in compactions:
+            return sorted(entries)
+        earlier = [c for c in compactions if c < batch_id]
+        before: set[str] = set()
+        for batch in range(earlier[-1] if earlier else 0, batch_id):
+            listed = self._entries(batch)
+            if listed is None:  # Spark deleted old entries: the batch's own files cannot be told
+                return None
+            before |= listed
+        return sorted(entries - before)
+
+    def _entries(self, batch_id: int) -> set[str] | None:
+        entry = self._log.get(batch_id)
+        return {status.path() for status in entry.get()} if entry.isDefined() else None
+
+    def _names(self) -> list[str]:
+        return [status.getPath().getName() for status in self._fs.listStatus(self._log_path)]
+
+
+class StreamingWriteSink(Sink):
+    """A table with a streaming writer: each batch runs the write Spark's micro-batch engine runs."""
+
+    guarantee = AS_THE_CONNECTOR
+
+    def __init__(self, spark: SparkSession, relation, options: dict, output_mode: str):
+        self._spark = spark
+        self._relation = relation
+        self._options = scala_map(spark._jvm, options)
+        self._mode = java_output_mode(spark._jvm, output_mode)
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        jvm = self._spark._jvm
+        query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID)
+        plan = jvm.org.apache.spark.sql.execution.streaming.sources.WriteToMicroBatchDataSource(
+            self._relation, df._jdf.queryExecution().analyzed(), query_id, self._options, self._mode,
+            jvm.scala.Option.empty()).withNewBatchId(batch_id)
+        jvm.org.apache.spark.sql.classic.Dataset.ofRows(self._spark._jsparkSession, plan).collect()
+
+
+def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: list[str] | None,
+               cluster_by: list[str] | None, output_mode: str, schema: StructType) -> Sink:
+    """The sink ``DataStreamWriter`` would start for the format ``source``, with these options."""
+    jvm = spark._jvm
+    jspark = spark._jsparkSession
+    conf = jspark.sessionState().conf()
+    datasources = jvm.org.apache.spark.sql.execution.datasources
+    try:
+        cls = datasources.DataSource.lookupDataSource(source, conf)
+    except Exception as exc:
+        raise SinkError(f"no data source {source!r} to write the traced query to: {message(exc)}") from exc
+    table = _streaming_table(spark, cls, source, options, schema)
+    if table is not None:
+        relation = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation.create(
+            table, jvm.scala.Option.empty(), jvm.scala.Option.empty(), case_insensitive(jvm, options),
+            jvm.scala.Option.empty())
+        return StreamingWriteSink(spark, relation, options, output_mode)
+    clustering = datasources.DataSourceUtils.CLUSTERING_COLUMNS_KEY()
+    options = {k: v for k, v in options.items() if k != clustering}  # as DataStreamWriter.createV1Sink
+    if cluster_by:
+        options[clustering] = datasources.DataSourceUtils.encodePartitioningColumns(scala_seq(jvm, cluster_by))
+    factory = getattr(datasources, "DataSource$").__getattr__("MODULE$")
+    none = jvm.scala.Option.empty()
+    data_source = factory.apply(jspark, source, scala_seq(jvm, []), none, scala_seq(jvm, partition_by or []), none,
+                                scala_map(jvm, options), none, none)
+    file_format = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.datasources.FileFormat")
+    if file_format.isAssignableFrom(data_source.providingClass()):
+        # Spark takes only appends into files. Traced, an update or complete query's emissions
+        # are appended as each batch's files, once each: the history its lineage is about.
+        output_mode = "append"
+    try:
+        jsink = data_source.createSink(java_output_mode(jvm, output_mode), java_schema(spark, schema))
+    except Exception as exc:
+        raise SinkError(f"the traced query cannot write to {source!r}: {message(exc)}") from exc
+    if jsink.getClass().getName() == FILE_SINK:
+        return FileSink(spark, jsink, option(options, "path"))
+    return SparkSink(jsink)
+
+
+def _streaming_table(spark: SparkSession, cls, source: str, options: dict, schema: StructType):
+    """The table a V2 provider gives for the options, if ``DataStreamWriter`` would write it with
+    its streaming writer (as it decides: a ``TableProvider``, not file source V2, not disabled,
+    whose table supports ``STREAMING_WRITE``); else None."""
+    jvm = spark._jvm
+    conf = spark._jsparkSession.sessionState().conf()
+    provider_class = jvm.java.lang.Class.forName("org.apache.spark.sql.connector.catalog.TableProvider")
+    file_v2 = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.datasources.v2.FileDataSourceV2")
+    disabled = {s.strip() for s in (conf.disabledV2StreamingWriters() or "").split(",")}
+    if not provider_class.isAssignableFrom(cls) or file_v2.isAssignableFrom(cls) or cls.getCanonicalName() in disabled:
+        return None
+    provider = cls.getConstructor(None).newInstance(None)
+    if is_instance(jvm, "org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2", provider):
+        provider.setShortName(source)
+    v2 = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Utils
+    session = {k: v for k, v in _dict(v2.extractSessionConfigs(provider, conf)).items() if option(options, k) is None}
+    given = jvm.scala.Some(java_schema(spark, schema)) if provider.supportsExternalMetadata() else jvm.scala.Option.empty()
+    try:
+        table = v2.getTableFromProvider(provider, case_insensitive(jvm, {**session, **options}), given)
+    except Exception as exc:
+        raise SinkError(f"the traced query cannot write to {source!r}: {message(exc)}") from exc
+    return table if supports_streaming_write(jvm, table) else None
+
+
+def supports_streaming_write(jvm, table) -> bool:
+    capability = jvm.org.apache.spark.sql.connector.catalog.TableCapability.STREAMING_WRITE
+    return is_instance(jvm, "org.apache.spark.sql.connector.catalog.SupportsWrite", table) \
+        and bool(table.capabilities().contains(capability))
+
+
+def _dict(scala_map_value) -> dict:
+    it = scala_map_value.iterator()
+    result = {}
+    while it.hasNext():
+        pair = it.next()
+        result[pair._1()] = pair._2()
+    return result

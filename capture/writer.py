@@ -1,0 +1,206 @@
+"""``Traced.writeStream``: the traced query's ``DataStreamWriter``.
+
+Every method of PySpark's ``DataStreamWriter`` is here with its arguments and checks; the
+settings name the user's sink, which ``start()``/``toTable()`` open as Spark would
+(``capture.sinks``) before the traced query runs as a ``foreachBatch`` query. What
+headwater cannot honour (a continuous trigger, a sink it cannot write as Spark would)
+fails at ``start()`` with a ``SinkError`` that names it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.utils import to_str
+
+from headwater.core.plan import column_lineage
+from headwater.core.schema import LOG_PLAN
+
+from . import checkpoint
+from .rewrite import RID_COLUMN
+from .sinks import CONTINUOUS_TRIGGERS, FOREACH, FOREACH_BATCH, MEMORY, CONSOLE, NOOP, SinkError, SinkSpec, \
+    open_sink, option
+from .sinks.jvm import OUTPUT_MODES
+from .sinks.python_sinks import partition_writer
+
+ONE_TIME_SINKS = (MEMORY, FOREACH, FOREACH_BATCH, CONSOLE, NOOP)  # Spark lets these run without a checkpoint
+UNPARTITIONED_SINKS = (MEMORY, FOREACH, FOREACH_BATCH)  # Spark refuses partitionBy for these
+
+
+class TracedWriter:
+    """Mirrors ``DataStreamWriter``; every method returns the writer, ``start``/``toTable`` the query."""
+
+    def __init__(self, traced):
+        self._traced = traced
+        self._sink = SinkSpec()
+        self._output_mode = "append"
+        self._trigger: dict = {}
+        self._checkpoint: str | None = None
+
+    def format(self, source: str) -> "TracedWriter":
+        self._sink.format = source
+        return self
+
+    def option(self, key: str, value) -> "TracedWriter":
+        if key.lower() == "checkpointlocation":
+            self._checkpoint = to_str(value)
+            return self
+        for name in [k for k in self._sink.options if k.lower() == key.lower()]:  # Spark's keys ignore case
+            del self._sink.options[name]
+        self._sink.options[key] = to_str(value)
+        return self
+
+    def options(self, **options) -> "TracedWriter":
+        for key, value in options.items():
+            self.option(key, value)
+        return self
+
+    def outputMode(self, outputMode: str) -> "TracedWriter":
+        if not isinstance(outputMode, str) or outputMode.lower() not in OUTPUT_MODES:
+            raise SinkError(f"unknown output mode {outputMode!r}: one of {', '.join(OUTPUT_MODES)}")
+        self._output_mode = outputMode
+        return self
+
+    def partitionBy(self, *cols) -> "TracedWriter":
+        self._sink.partition_by = _columns(cols)
+        return self
+
+    def clusterBy(self, *cols) -> "TracedWriter":
+        self._sink.cluster_by = _columns(cols)
+        return self
+
+    def queryName(self, queryName: str) -> "TracedWriter":
+        if not isinstance(queryName, str) or not queryName.strip():
+            raise SinkError("queryName needs a non-empty string")
+        return self.option("queryName", queryName)
+
+    def trigger(self, **trigger) -> "TracedWriter":
+        # Checked by PySpark's own writer, so a bad trigger fails here as it does untraced.
+        self._traced.threaded.df.writeStream.trigger(**trigger)
+        self._trigger = trigger
+        return self
+
+    def foreach(self, f) -> "TracedWriter":
+        partition_writer(f)  # checks f as Spark does
+        self._sink.format, self._sink.function = FOREACH, f
+        return self
+
+    def foreachBatch(self, func) -> "TracedWriter":
+        if not callable(func):
+            raise SinkError("foreachBatch needs a function of (DataFrame, batch id)")
+        self._sink.format, self._sink.function = FOREACH_BATCH, func
+        return self
+
+    def start(self, path: str | None = None, format: str | None = None, outputMode: str | None = None,
+              partitionBy=None, queryName: str | None = None, **options) -> StreamingQuery:
+        self._settings(format, outputMode, partitionBy, queryName, options)
+        if path is not None:
+            legacy = self._traced.tracer.spark.conf.get("spark.sql.legacy.pathOptionBehavior.enabled", "false")
+            if option(self._sink.options, "path") is not None and legacy.lower() != "true":
+                raise SinkError("the path is given twice, as start(path) and as option('path'): give it once")
+            self.option("path", path)
+        return self._start()
+
+    def toTable(self, tableName: str, format: str | None = None, outputMode: str | None = None,
+                partitionBy=None, queryName: str | None = None, **options) -> StreamingQuery:
+        self._settings(format, outputMode, partitionBy, queryName, options)
+        self._sink.table = tableName
+        return self._start()
+
+    def _settings(self, format, output_mode, partition_by, query_name, options) -> None:
+        """``start``'s and ``toTable``'s own arguments, applied in PySpark's order."""
+        self.options(**options)
+        if output_mode is not None:
+            self.outputMode(output_mode)
+        if partition_by is not None:
+            self.partitionBy(partition_by)
+        if format is not None:
+            self.format(format)
+        if query_name is not None:
+            self.queryName(query_name)
+
+    def _start(self) -> StreamingQuery:
+        from .tracer import BatchHook
+
+        traced = self._traced
+        spark = traced.tracer.spark
+        spec = self._sink
+        if spec.format is None:
+            spec.format = spark.conf.get("spark.sql.sources.default")
+        self._check(spark)
+        query_name = option(spec.options, "queryName") or traced.name
+        hook = BatchHook(traced, spec)
+        hook.sink = open_sink(spark, spec, self._sink_schema(), self._output_mode, query_name)
+        writer = hook.streaming_frame(traced.threaded.df).writeStream.foreachBatch(hook).outputMode(self._output_mode)
+        if self._trigger:
+            writer = writer.trigger(**self._trigger)
+        writer = writer.queryName(query_name)
+        traced.tracer.name_query(query_name, traced.name)
+        if self._checkpoint:
+            writer = writer.option("checkpointLocation", self._checkpoint)
+        ir = traced.threaded.ir
+        reads = column_lineage(ir)
+        folder = checkpoint.local_folder(self._checkpoint)
+        previous, from_batch = checkpoint.record_plan(folder, traced.fingerprint) if folder else (None, 0)
+        traced.tracer.publish_log(
+            LOG_PLAN, query=traced.name, sink=spec.describe(), sink_guarantee=hook.sink.guarantee, ir=ir.to_dict(),
+            fingerprint=traced.fingerprint, previous_fingerprint=previous, from_batch=from_batch,
+            changed=previous is not None and previous != traced.fingerprint,
+            sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)}
+                     for s in traced.threaded.sources + traced.threaded.inputs],
+            output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
+        )
+        return traced.tracer.start_query(writer, traced.name)
+
+    def _check(self, spark) -> None:
+        """What ``DataStreamWriter`` refuses at start, and what headwater cannot honour."""
+        spec = self._sink
+        continuous = [k for k in CONTINUOUS_TRIGGERS if self._trigger.get(k) is not None]
+        if continuous:
+            raise SinkError(f"trigger({continuous[0]}=…) cannot be traced: headwater reads each micro-batch "
+                            f"(foreachBatch), which Spark runs with processingTime, once or availableNow triggers")
+        if spec.partition_by and spec.cluster_by:
+            raise SinkError("partitionBy and clusterBy cannot both be given")
+        if spec.partition_by and not spec.table and spec.format in UNPARTITIONED_SINKS:
+            raise SinkError(f"the {spec.format} sink does not take partitionBy")
+        columns = [f.name for f in self._sink_schema().fields]
+        spec.partition_by = _normalized(spark, spec.partition_by, columns, "partition")
+        spec.cluster_by = _normalized(spark, spec.cluster_by, columns, "clustering")
+        if (spec.table or spec.format not in ONE_TIME_SINKS) and not self._checkpoint \
+                and not spark.conf.get("spark.sql.streaming.checkpointLocation", None):
+            # Spark's rule: without a checkpoint a restart would begin at batch 0 again, and a
+            # sink with a commit log would take its batches for ones it already holds.
+            raise SinkError(f"the {spec.describe()} sink needs a checkpoint: .option('checkpointLocation', …)")
+
+    def _sink_schema(self) -> StructType:
+        """The columns the sink gets: the user's, and ``_hw_rid`` unless ``emit_rid=False``."""
+        threaded = self._traced.threaded
+        fields = list(threaded.df.schema.fields[:threaded.user_columns])
+        if self._traced.emit_rid:
+            fields.append(StructField(RID_COLUMN, LongType(), False))
+        return StructType(fields)
+
+
+def _columns(cols) -> list[str]:
+    """``partitionBy("a", "b")`` or ``partitionBy(["a", "b"])``, as PySpark takes them."""
+    if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+        cols = cols[0]
+    if not all(isinstance(c, str) for c in cols):
+        raise SinkError(f"column names must be strings, not {cols!r}")
+    return list(cols)
+
+
+def _normalized(spark, names: list[str] | None, columns: list[str], kind: str) -> list[str] | None:
+    """Each name as the output column it resolves to (Spark's resolver ignores case unless told not to)."""
+    if not names:
+        return names
+    sensitive = spark.conf.get("spark.sql.caseSensitive", "false").lower() == "true"
+    resolved = []
+    for name in names:
+        found = [c for c in columns if (c == name if sensitive else c.lower() == name.lower())]
+        if not found:
+            raise SinkError(f"{kind} column {name!r} is not among the output's columns {columns}")
+        resolved.append(found[0])
+    return resolved

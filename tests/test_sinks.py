@@ -1,0 +1,340 @@
+"""The traced sink is the sink the user asked for, exactly once where Spark is (issue 19).
+
+One Kafka stream (several micro-batches) runs untraced into each kind of sink, and traced
+into the same kind with a fault: the write of batch 1 completes, then the batch fails
+before Spark commits it, and the query is started again from its checkpoint, so Spark
+runs batch 1 a second time. The traced sink must hold exactly the untraced sink's rows
+(plus ``_hw_rid``), none twice, none lost; a batch reader and a streaming reader of
+each file sink must see those rows; the retried batch's lineage must be exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from unittest import mock
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+from headwater.capture.sinks import SinkError
+from headwater.capture.sinks.spark_sinks import FileSink, StreamingWriteSink
+from headwater.core.schema import LOG_BATCH
+from headwater.query.api import LineageClient
+
+from . import pipelines
+from .conftest import index, read_log, stop_when_idle
+from .oracle import as_input
+
+COUNT = 90
+PER_BATCH = 30  # records per micro-batch: batches 0, 1 and 2
+FAULT_BATCH = 1
+COLUMNS = ["id", "k", "v", "s", "name", "day"]
+SCHEMA = "id long, k int, v int, s string, name string, day int"
+
+
+class InjectedFault(RuntimeError):
+    """A fault injected by the test: the batch fails after its sink write, before Spark's commit."""
+
+
+@pytest.fixture(scope="module")
+def env(spark, stack_config, tmp_path_factory):
+    yield from pipelines.event_env(spark, stack_config, tmp_path_factory.mktemp("sinks"), "snk", COUNT, seed=19)
+
+
+@pytest.fixture(scope="module")
+def expected(env) -> dict[int, dict]:
+    """The oracle: every parsed event's output row, by id."""
+    dims = {d["k"]: d["name"] for d in pipelines.dims()}
+    rows = {}
+    for value in env.values:
+        event = pipelines.parse(value)
+        if event["id"] is not None:
+            rows[event["id"]] = {"id": event["id"], "k": event["k"], "v": event["v"], "s": event["s"],
+                                 "name": dims.get(event["k"]), "day": event["k"] % 3}
+    return rows
+
+
+def stream(spark, env):
+    source = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+              .option("subscribe", env.topic).option("maxOffsetsPerTrigger", PER_BATCH).load())
+    events = source.select(F.from_json(F.col("value").cast("string"), pipelines.EVENT_SCHEMA).alias("e")) \
+        .select("e.*").where("id IS NOT NULL")
+    return events.join(env.dims_df, "k", "left").select(*COLUMNS[:-1], (F.col("k") % 3).alias("day"))
+
+
+@contextlib.contextmanager
+def fail_after_write(sink_class):
+    """Fault injection: the first write of batch ``FAULT_BATCH`` to a sink of ``sink_class``
+    completes, then raises, as a driver dying between the write and Spark's commit would."""
+    original = sink_class.write
+    fired = []
+
+    def write(self, df, batch_id):
+        original(self, df, batch_id)
+        if batch_id == FAULT_BATCH and not fired:
+            fired.append(batch_id)
+            raise InjectedFault(f"after the write of batch {batch_id}")
+
+    with mock.patch.object(sink_class, "write", write):
+        yield fired
+
+
+def ends(env) -> dict[str, int]:
+    """Where the topic ends, as the source reports offsets."""
+    last: dict[str, int] = {}
+    for partition, offset in env.coordinates:
+        name = f"{env.topic}:{partition}"
+        last[name] = max(last.get(name, 0), offset + 1)
+    return last
+
+
+def run(start, checkpoint: Path, env):
+    """Start the query and stop it once it has read the whole topic (maxOffsetsPerTrigger
+    splits it into batches only under a processing-time trigger)."""
+    query = start(str(checkpoint))
+    deadline = time.monotonic() + 240
+    while not any(json.loads(s.endOffset or "{}") == ends(env) for p in query.recentProgress for s in p.sources):
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, "the stream did not read the whole topic"
+        time.sleep(0.2)
+    stop_when_idle(query)
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def run_with_retry(start, checkpoint: Path, fault, env):
+    """Start the query, see it fail at the fault, start it again from its checkpoint."""
+    with fault as fired:
+        query = start(str(checkpoint))
+        with pytest.raises(StreamingQueryException, match="InjectedFault|after the write"):
+            query.awaitTermination(240)
+    assert fired == [FAULT_BATCH]
+    return run(start, checkpoint, env)
+
+
+FILE_SINKS = {
+    "parquet": lambda w: w.format("parquet"),
+    "parquet_partitioned": lambda w: w.format("parquet").partitionBy("day"),
+    "json": lambda w: w.format("json"),
+    "csv": lambda w: w.format("csv").option("header", "true"),
+}
+
+
+def file_format(kind: str) -> str:
+    return kind.split("_")[0]
+
+
+def read_batch(spark, kind: str, path: str, traced: bool) -> list[dict]:
+    reader = spark.read.format(file_format(kind)).option("header", "true")
+    return [r.asDict() for r in reader.schema(_schema(traced)).load(path).collect()]
+
+
+def read_streaming(spark, kind: str, path: str, traced: bool, checkpoint: Path) -> list[dict]:
+    """The path's rows as a streaming reader of it gets them (Spark's file source, untraced)."""
+    rows = []
+    query = (spark.readStream.format(file_format(kind)).option("header", "true").schema(_schema(traced)).load(path)
+             .writeStream.foreachBatch(lambda df, _: rows.extend(r.asDict() for r in df.collect()))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    return rows
+
+
+def _schema(traced: bool) -> str:
+    return SCHEMA + (", _hw_rid long" if traced else "")
+
+
+def same_rows(traced: list[dict], untraced: list[dict], expected: dict) -> None:
+    """Equal rows but for ``_hw_rid``, each once, all of them; every traced row has its own rid."""
+    rids = [r.pop("_hw_rid") for r in traced]
+    key = lambda r: tuple(sorted(r.items()))  # noqa: E731
+    assert Counter(map(key, traced)) == Counter(map(key, untraced))
+    assert sorted(r["id"] for r in untraced) == sorted(expected)
+    assert None not in rids and len(set(rids)) == len(rids)
+
+
+@pytest.mark.parametrize("kind", list(FILE_SINKS))
+def test_file_sinks_after_a_retried_batch_equal_untraced(spark, env, expected, tmp_path, kind):
+    configure = FILE_SINKS[kind]
+    untraced, traced = str(tmp_path / "untraced"), str(tmp_path / "traced")
+    name = f"{kind}-{uuid.uuid4().hex[:6]}"
+    run(lambda cp: configure(stream(spark, env).writeStream).option("checkpointLocation", cp)
+        .start(untraced), tmp_path / "cp-untraced", env)
+    run_with_retry(lambda cp: configure(env.tracer.trace(stream(spark, env), name=name, keys={"dims": "k"})
+                                        .writeStream).option("checkpointLocation", cp)
+                   .start(traced), tmp_path / "cp-traced", fail_after_write(FileSink), env)
+
+    # Spark's own commit log, batch by batch, as the untraced sink has it.
+    assert sorted(p.name for p in Path(traced, "_spark_metadata").iterdir() if not p.name.startswith(".")) == \
+        sorted(p.name for p in Path(untraced, "_spark_metadata").iterdir() if not p.name.startswith("."))
+    if kind == "parquet":  # a file an attempt left behind, in no batch of the log, is read by no reader
+        stray = Path(traced, "part-99999-left-by-a-dead-attempt.snappy.parquet")
+        pq.write_table(pa.Table.from_pylist([{**expected[min(expected)], "_hw_rid": 1}]), stray)
+    untraced_rows = read_batch(spark, kind, untraced, False)
+    same_rows(read_batch(spark, kind, traced, True), untraced_rows, expected)
+    same_rows(read_streaming(spark, kind, traced, True, tmp_path / "cp-read"), untraced_rows, expected)
+
+    # Lineage of every row is exact, the retried batch's too; each batch logged the files it wrote.
+    records = [r for r in read_log(env.config) if r["schema"] == LOG_BATCH and r["query"] == name]
+    by_batch = {r["batch"]: r for r in records}
+    assert sorted(by_batch) == [0, 1, 2] and all(r["status"] == "full" for r in records)
+    assert by_batch[FAULT_BATCH].get("sink_written_before") is True
+    logged = {Path(f.removeprefix("file:")).resolve() for r in records for f in r["sink_files"]}
+    on_disk = {p.resolve() for p in Path(traced).rglob(f"part-*.{file_format(kind)}*") if "left-by" not in p.name}
+    assert logged == on_disk
+    if kind != "parquet_partitioned":
+        return
+    index(env.config)
+    read = {pipelines.parse(v)["id"]: c for v, c in zip(env.values, env.coordinates)}
+    with LineageClient(env.config) as client:
+        for row in spark.read.parquet(traced).collect():
+            want = {("kafka", env.topic, *read[row.id])}
+            if row.k in pipelines.DIM_KEYS:
+                want.add(("table", "dims", str(row.k)))
+            found = client.backward(row._hw_rid)
+            assert {as_input(x) for x in found} == want, row.id
+            assert all(x.exact for x in found)
+
+
+def test_catalog_table_after_a_retried_batch_equals_untraced(spark, env, expected, tmp_path):
+    untraced, traced = f"hw_untraced_{uuid.uuid4().hex[:6]}", f"hw_traced_{uuid.uuid4().hex[:6]}"
+    run(lambda cp: stream(spark, env).writeStream.option("checkpointLocation", cp)
+        .toTable(untraced), tmp_path / "cp-untraced", env)
+    run_with_retry(lambda cp: env.tracer.trace(stream(spark, env), name=traced, keys={"dims": "k"}).writeStream
+                   .option("checkpointLocation", cp).toTable(traced),
+                   tmp_path / "cp-traced", fail_after_write(FileSink), env)
+    same_rows([r.asDict() for r in spark.table(traced).collect()],
+              [r.asDict() for r in spark.table(untraced).collect()], expected)
+
+
+def test_users_foreach_batch_gets_the_same_calls_after_a_retry(spark, env, expected, tmp_path):
+    """The user's foreachBatch writes each batch's rows over that batch's folder; it fails once after
+    writing batch 1, traced and untraced alike (the fault is the user's code): Spark calls it again."""
+    def user_function(root: Path):
+        failed = []
+
+        def write(df, batch_id):
+            df.write.mode("overwrite").parquet(str(root / f"batch={batch_id}"))
+            if batch_id == FAULT_BATCH and not failed:
+                failed.append(batch_id)
+                raise InjectedFault(f"after the write of batch {batch_id}")
+        return write
+
+    for traced in (False, True):
+        root = tmp_path / ("traced" if traced else "untraced")
+        function = user_function(root)
+
+        def start(cp, traced=traced, function=function):
+            frame = stream(spark, env)
+            writer = (env.tracer.trace(frame, name=f"fb-{uuid.uuid4().hex[:6]}", keys={"dims": "k"}).writeStream
+                      if traced else frame.writeStream)
+            return writer.foreachBatch(function).option("checkpointLocation", cp).start()
+        run_with_retry(start, tmp_path / f"cp-{traced}", contextlib.nullcontext([FAULT_BATCH]), env)
+    same_rows([r.asDict() for r in spark.read.parquet(str(tmp_path / "traced")).drop("batch").collect()],
+              [r.asDict() for r in spark.read.parquet(str(tmp_path / "untraced")).drop("batch").collect()], expected)
+    assert sorted(p.name for p in (tmp_path / "traced").glob("batch=*")) == \
+        sorted(p.name for p in (tmp_path / "untraced").glob("batch=*"))
+
+
+class RowFiles:
+    """A user's foreach writer: each (epoch, partition) to a file of its own, written over on a retry."""
+
+    def __init__(self, root: str, fail_marker: str):
+        self.root, self.fail_marker = root, fail_marker
+
+    def open(self, partition_id, epoch_id):
+        self.path = Path(self.root, f"{epoch_id}-{partition_id}.jsonl")
+        self.rows = []
+        self.epoch = epoch_id
+        return True
+
+    def process(self, row):
+        self.rows.append(row.asDict())
+
+    def close(self, error):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        marker = Path(self.fail_marker)
+        if self.epoch == FAULT_BATCH and not marker.exists():  # the user's code fails once, after writing
+            marker.touch()
+            raise InjectedFault(f"after the write of batch {self.epoch}")
+
+
+def test_users_foreach_writer_gets_the_same_calls_after_a_retry(spark, env, expected, tmp_path):
+    for traced in (False, True):
+        root = tmp_path / ("traced" if traced else "untraced")
+
+        def start(cp, traced=traced, root=root):
+            frame = stream(spark, env)
+            writer = (env.tracer.trace(frame, name=f"fe-{uuid.uuid4().hex[:6]}", keys={"dims": "k"}).writeStream
+                      if traced else frame.writeStream)
+            return (writer.foreach(RowFiles(str(root), str(root) + ".failed")).option("checkpointLocation", cp)
+                    .start())
+        run_with_retry(start, tmp_path / f"cp-{traced}", contextlib.nullcontext([FAULT_BATCH]), env)
+    rows = {t: [json.loads(line) for f in sorted((tmp_path / t).glob("*.jsonl")) for line in f.read_text().splitlines()]
+            for t in ("traced", "untraced")}
+    same_rows(rows["traced"], rows["untraced"], expected)
+
+
+def test_memory_sink_is_a_view_named_after_the_query(spark, env, expected, tmp_path):
+    name = f"hw_memory_{uuid.uuid4().hex[:6]}"
+    run(lambda cp: env.tracer.trace(stream(spark, env), name=name, keys={"dims": "k"}).writeStream
+        .format("memory").queryName(name).option("checkpointLocation", cp).start(),
+        tmp_path / "cp", env)
+    rows = [r.asDict() for r in spark.table(name).collect()]
+    assert sorted(r["id"] for r in rows) == sorted(expected) and all(r["_hw_rid"] is not None for r in rows)
+
+
+def test_what_cannot_be_traced_as_asked_fails_at_start_naming_it(spark, env, tmp_path):
+    traced = env.tracer.trace(stream(spark, env), name=f"refused-{uuid.uuid4().hex[:6]}")
+    checkpoint = str(tmp_path / "cp")
+    view = f"hw_view_{uuid.uuid4().hex[:6]}"
+    spark.range(3).createOrReplaceTempView(view)
+    cases = {
+        "continuous": lambda w: w.trigger(continuous="1 second").format("parquet")
+        .option("checkpointLocation", checkpoint).start(str(tmp_path / "a")),
+        "checkpoint": lambda w: w.format("parquet").start(str(tmp_path / "b")),
+        "partitionBy and clusterBy": lambda w: w.format("parquet").partitionBy("day").clusterBy("k")
+        .option("checkpointLocation", checkpoint).start(str(tmp_path / "c")),
+        "not among the output's columns": lambda w: w.format("parquet").partitionBy("nope")
+        .option("checkpointLocation", checkpoint).start(str(tmp_path / "d")),
+        "foreachBatch sink does not take partitionBy": lambda w: w.foreachBatch(lambda df, b: None)
+        .partitionBy("day").start(),
+        "given twice": lambda w: w.format("parquet").option("path", str(tmp_path / "e"))
+        .option("checkpointLocation", checkpoint).start(str(tmp_path / "f")),
+        "unknown output mode": lambda w: w.outputMode("upsert"),
+        "temporary view": lambda w: w.option("checkpointLocation", checkpoint).toTable(view),
+        "no data source 'no-such-format'": lambda w: w.format("no-such-format")
+        .option("checkpointLocation", checkpoint).start(str(tmp_path / "h")),
+    }
+    for said, start in cases.items():
+        with pytest.raises(SinkError, match=said):
+            start(traced.writeStream)
+    assert not spark.streams.active
+
+
+def test_streaming_writer_sinks_commit_with_the_batch_id(spark, env, expected, tmp_path):
+    """A Python data source's streaming writer gets ``commit(messages, batch_id)`` as Spark calls it
+    untraced, the retried batch's id again (this connector keeps the first commit of a batch id)."""
+    from .sink_source import BatchFiles
+
+    spark.dataSource.register(BatchFiles)
+    roots = {traced: tmp_path / ("traced" if traced else "untraced") for traced in (False, True)}
+    run(lambda cp: stream(spark, env).writeStream.format(BatchFiles.name()).option("path", str(roots[False]))
+        .option("checkpointLocation", cp).start(), tmp_path / "cp-untraced", env)
+    run_with_retry(lambda cp: env.tracer.trace(stream(spark, env), name=f"v2-{uuid.uuid4().hex[:6]}",
+                                               keys={"dims": "k"}).writeStream.format(BatchFiles.name())
+                   .option("path", str(roots[True])).option("checkpointLocation", cp)
+                   .start(), tmp_path / "cp-traced", fail_after_write(StreamingWriteSink), env)
+    rows = {t: [json.loads(line) for f in sorted(root.glob("*.jsonl")) for line in f.read_text().splitlines()]
+            for t, root in roots.items()}
+    assert sorted(p.name for p in roots[True].glob("*.jsonl")) == ["0.jsonl", "1.jsonl", "2.jsonl"]
+    same_rows(rows[True], rows[False], expected)
