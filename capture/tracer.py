@@ -42,7 +42,7 @@ from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
 from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
-from .sinks import CONSOLE, Sink, SinkSpec
+from .sinks import Sink, SinkSpec
 from .spark_plan import analyzed, optimized_records
 
 if TYPE_CHECKING:
@@ -354,10 +354,13 @@ class BatchHook:
         frame = batch_df
         boxes = self.traced.threaded.black_boxes
         capture = plan.level != LOG_ONLY
+        if self.sink.holds_later(batch_id):
+            self._refuse(batch_id, versions, started)
+            return
         # An earlier attempt wrote the batch and Spark's commit did not follow: the sink keeps
         # what it holds, and the lineage is published again (rids and edges are idempotent).
         written = self.sink.committed(batch_id)
-        fused = capture and self.fusable and not written
+        fused = capture and self.fusable and self.sink.reads_every_row and not written
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
@@ -392,7 +395,7 @@ class BatchHook:
         metrics.record_batch(self.traced.name, status, stats, publishing)
         metrics.OVERHEAD_RATIO.labels(self.traced.name).set(metrics.overhead_ratio(publishing, rest))
         extra = {"sampled_fraction": plan.fraction} if plan.level == SAMPLED else {}
-        files = self.sink.files(batch_id)
+        files = self._files(batch_id)
         if files is not None:
             extra["sink_files"] = files
         if written:
@@ -403,17 +406,39 @@ class BatchHook:
             tables=versions,
         )
 
+    def _files(self, batch_id: int) -> list[str] | None:
+        """The files the batch added to the sink, or None; the sink has committed the batch by
+        now, so a failure to read its log costs the batch's log entry that list, not the batch."""
+        try:
+            return self.sink.files(batch_id)
+        except Exception:
+            log.warning("the files batch %s of %s wrote to its sink are not known", batch_id, self.traced.name,
+                        exc_info=True)
+            return None
+
+    def _refuse(self, batch_id: int, versions: dict, started: float) -> None:
+        """A sink whose own log holds batches after this one belongs to another run (a new
+        checkpoint over an old sink path): Spark's sink skips the batch, untraced too, so
+        nothing is written and no lineage published; the batch is logged ``failed``, saying so."""
+        error = (f"the sink's commit log already holds batches after {batch_id}: it was written by another run "
+                 f"(a new checkpoint over the same sink?), and skips this batch, as Spark's sink does untraced")
+        log.error("%s, batch %s: %s", self.traced.name, batch_id, error)
+        metrics.record_batch(self.traced.name, "failed", {}, 0.0)
+        self.traced.tracer.publish_log(
+            LOG_BATCH, query=self.traced.name, batch=batch_id, status="failed",
+            seconds=round(time.monotonic() - started, 3), capture_seconds=0.0, error=error, tables=versions)
+
     def _fusable(self, fields) -> bool:
         """Whether lineage can ride in the job that writes the sink.
 
-        Not with black boxes or the user's own foreachBatch code (their lineage needs rows
-        the sink does not get), not for sinks that may not read every row (console), nor
-        for columns Arrow cannot carry.
+        Not with black boxes (their lineage needs rows the sink does not get), nor for
+        columns Arrow cannot carry; and only into sinks that read every row of a batch
+        (``Sink.reads_every_row``: not the user's own code, nor console), checked per batch.
         """
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
-        if self.traced.threaded.black_boxes or self.spec.foreach_batch is not None or self.spec.format == CONSOLE:
+        if self.traced.threaded.black_boxes:
             return False
         try:
             to_arrow_schema(StructType(list(fields)),

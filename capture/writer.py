@@ -132,7 +132,7 @@ class TracedWriter:
         self._check(spark)
         query_name = option(spec.options, "queryName") or traced.name
         hook = BatchHook(traced, spec)
-        hook.sink = open_sink(spark, spec, self._sink_schema(), self._output_mode, query_name)
+        hook.sink = open_sink(spark, spec, self._sink_schema(), self._output_mode)
         writer = hook.streaming_frame(traced.threaded.df).writeStream.foreachBatch(hook).outputMode(self._output_mode)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
@@ -152,7 +152,9 @@ class TracedWriter:
                      for s in traced.threaded.sources + traced.threaded.inputs],
             output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
         )
-        return traced.tracer.start_query(writer, traced.name)
+        query = traced.tracer.start_query(writer, traced.name)
+        hook.sink.started(query_name)
+        return query
 
     def _check(self, spark) -> None:
         """What ``DataStreamWriter`` refuses at start, and what headwater cannot honour."""
@@ -165,6 +167,13 @@ class TracedWriter:
             raise SinkError("partitionBy and clusterBy cannot both be given")
         if spec.partition_by and not spec.table and spec.format in UNPARTITIONED_SINKS:
             raise SinkError(f"the {spec.format} sink does not take partitionBy")
+        if spec.format == "text" and not spec.table and self._traced.emit_rid:
+            raise SinkError("the text sink takes one string column, and headwater adds _hw_rid to it: trace the "
+                            "query with emit_rid=False to write text")
+        if spec.format == MEMORY and self._output_mode.lower() != "complete" and _has_offsets(self._checkpoint):
+            # Spark's rule: only a complete-mode memory sink can be rebuilt from a checkpoint.
+            raise SinkError(f"a memory sink in {self._output_mode} mode does not recover from a checkpoint: delete "
+                            f"{self._checkpoint}/offsets to start over")
         columns = [f.name for f in self._sink_schema().fields]
         spec.partition_by = _normalized(spark, spec.partition_by, columns, "partition")
         spec.cluster_by = _normalized(spark, spec.cluster_by, columns, "clustering")
@@ -181,6 +190,12 @@ class TracedWriter:
         if self._traced.emit_rid:
             fields.append(StructField(RID_COLUMN, LongType(), False))
         return StructType(fields)
+
+
+def _has_offsets(location: str | None) -> bool:
+    folder = checkpoint.local_folder(location)
+    offsets = folder / "offsets" if folder else None
+    return bool(offsets and offsets.is_dir() and any(offsets.iterdir()))
 
 
 def _columns(cols) -> list[str]:

@@ -289,13 +289,34 @@ class Fallback:
 
 
 def committed_files(sink: str, batch: int) -> list[str]:
-    """The files a file sink's own commit log (Spark's ``_spark_metadata``) lists for one batch;
-    none once Spark has compacted or deleted its entry."""
-    entry = Path(sink, "_spark_metadata", str(batch))
-    try:
-        lines = entry.read_text().splitlines()
-    except OSError:
+    """The files a file sink's own commit log (Spark's ``_spark_metadata``) lists for one batch.
+    A compaction's entry (``<batch>.compact``) lists every file so far: the batch's own are those
+    the entries since the compaction before do not list. None are known once Spark has deleted
+    an entry that takes."""
+    folder = Path(sink, "_spark_metadata")
+    own = _log_entry(folder / str(batch))
+    if own is not None:
+        return own
+    everything = _log_entry(folder / f"{batch}.compact")
+    if everything is None:
         return []
+    compactions = {int(p.name.split(".")[0]) for p in folder.glob("*.compact") if p.name.split(".")[0].isdigit()}
+    earlier = [c for c in sorted(compactions) if c < batch]
+    before: set[str] = set()
+    for b in range(earlier[-1] if earlier else 0, batch):
+        listed = _log_entry(folder / (f"{b}.compact" if b in compactions else str(b)))
+        if listed is None:
+            return []
+        before.update(listed)
+    return [f for f in everything if f not in before]
+
+
+def _log_entry(path: Path) -> list[str] | None:
+    """The files one entry of a sink's commit log lists (a version line, then one JSON line per file)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
     return [json.loads(line)["path"] for line in lines[1:] if line.strip()]
 
 

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import pyarrow as pa
@@ -27,10 +28,11 @@ from pyspark.sql import functions as F
 from headwater.capture.sinks import SinkError
 from headwater.capture.sinks.spark_sinks import FileSink, StreamingWriteSink
 from headwater.core.schema import LOG_BATCH
+from headwater.query.fallback import committed_files
 from headwater.query.api import LineageClient
 
 from . import pipelines
-from .conftest import index, read_log, stop_when_idle
+from .conftest import index, local_file, read_log, stop_when_idle
 from .oracle import as_input
 
 COUNT = 90
@@ -38,6 +40,7 @@ PER_BATCH = 30  # records per micro-batch: batches 0, 1 and 2
 FAULT_BATCH = 1
 COLUMNS = ["id", "k", "v", "s", "name", "day"]
 SCHEMA = "id long, k int, v int, s string, name string, day int"
+COMPACT_INTERVAL = "spark.sql.streaming.fileSink.log.compactInterval"
 
 
 class InjectedFault(RuntimeError):
@@ -124,7 +127,7 @@ FILE_SINKS = {
     "parquet": lambda w: w.format("parquet"),
     "parquet_partitioned": lambda w: w.format("parquet").partitionBy("day"),
     "json": lambda w: w.format("json"),
-    "csv": lambda w: w.format("csv").option("header", "true"),
+    "csv": lambda w: w.format("csv").options(header=True),
 }
 
 
@@ -166,15 +169,21 @@ def test_file_sinks_after_a_retried_batch_equal_untraced(spark, env, expected, t
     configure = FILE_SINKS[kind]
     untraced, traced = str(tmp_path / "untraced"), str(tmp_path / "traced")
     name = f"{kind}-{uuid.uuid4().hex[:6]}"
-    run(lambda cp: configure(stream(spark, env).writeStream).option("checkpointLocation", cp)
-        .start(untraced), tmp_path / "cp-untraced", env)
-    run_with_retry(lambda cp: configure(env.tracer.trace(stream(spark, env), name=name, keys={"dims": "k"})
-                                        .writeStream).option("checkpointLocation", cp)
-                   .start(traced), tmp_path / "cp-traced", fail_after_write(FileSink), env)
+    if kind == "json":  # Spark compacts the log every second batch: the retried batch 1 is a compaction
+        spark.conf.set(COMPACT_INTERVAL, "2")
+    try:
+        run(lambda cp: configure(stream(spark, env).writeStream).option("checkpointLocation", cp).start(untraced),
+            tmp_path / "cp-untraced", env)
+        run_with_retry(lambda cp: configure(env.tracer.trace(stream(spark, env), name=name, keys={"dims": "k"})
+                                            .writeStream).option("checkpointLocation", cp).start(traced),
+                       tmp_path / "cp-traced", fail_after_write(FileSink), env)
+    finally:
+        spark.conf.unset(COMPACT_INTERVAL)
 
     # Spark's own commit log, batch by batch, as the untraced sink has it.
     assert sorted(p.name for p in Path(traced, "_spark_metadata").iterdir() if not p.name.startswith(".")) == \
         sorted(p.name for p in Path(untraced, "_spark_metadata").iterdir() if not p.name.startswith("."))
+    assert Path(traced, "_spark_metadata", "1.compact").exists() == (kind == "json")
     if kind == "parquet":  # a file an attempt left behind, in no batch of the log, is read by no reader
         stray = Path(traced, "part-99999-left-by-a-dead-attempt.snappy.parquet")
         pq.write_table(pa.Table.from_pylist([{**expected[min(expected)], "_hw_rid": 1}]), stray)
@@ -187,15 +196,16 @@ def test_file_sinks_after_a_retried_batch_equal_untraced(spark, env, expected, t
     by_batch = {r["batch"]: r for r in records}
     assert sorted(by_batch) == [0, 1, 2] and all(r["status"] == "full" for r in records)
     assert by_batch[FAULT_BATCH].get("sink_written_before") is True
-    logged = {Path(f.removeprefix("file:")).resolve() for r in records for f in r["sink_files"]}
-    on_disk = {p.resolve() for p in Path(traced).rglob(f"part-*.{file_format(kind)}*") if "left-by" not in p.name}
-    assert logged == on_disk
-    if kind != "parquet_partitioned":
-        return
+    files = {b: [local_file(f) for f in r["sink_files"]] for b, r in by_batch.items()}
+    on_disk = {str(p.resolve()) for p in Path(traced).rglob(f"part-*.{file_format(kind)}*") if "left-by" not in p.name}
+    assert sorted(f for fs in files.values() for f in fs) == sorted(on_disk)  # each file in one batch only
+    for batch, listed in files.items():  # and the fallback reads the sink's log alike, compactions too
+        assert sorted(local_file(f) for f in committed_files(traced, batch)) == sorted(listed), batch
     index(env.config)
     read = {pipelines.parse(v)["id"]: c for v, c in zip(env.values, env.coordinates)}
     with LineageClient(env.config) as client:
-        for row in spark.read.parquet(traced).collect():
+        for row in read_batch(spark, kind, traced, True):
+            row = SimpleNamespace(**row)
             want = {("kafka", env.topic, *read[row.id])}
             if row.k in pipelines.DIM_KEYS:
                 want.add(("table", "dims", str(row.k)))
@@ -205,32 +215,37 @@ def test_file_sinks_after_a_retried_batch_equal_untraced(spark, env, expected, t
 
 
 def test_catalog_table_after_a_retried_batch_equals_untraced(spark, env, expected, tmp_path):
+    """Made by toTable, partitioned, as untraced; written with the file sink at its location."""
     untraced, traced = f"hw_untraced_{uuid.uuid4().hex[:6]}", f"hw_traced_{uuid.uuid4().hex[:6]}"
     run(lambda cp: stream(spark, env).writeStream.option("checkpointLocation", cp)
-        .toTable(untraced), tmp_path / "cp-untraced", env)
+        .toTable(untraced, partitionBy="day"), tmp_path / "cp-untraced", env)
     run_with_retry(lambda cp: env.tracer.trace(stream(spark, env), name=traced, keys={"dims": "k"}).writeStream
-                   .option("checkpointLocation", cp).toTable(traced),
+                   .option("checkpointLocation", cp).toTable(traced, partitionBy="day"),
                    tmp_path / "cp-traced", fail_after_write(FileSink), env)
     same_rows([r.asDict() for r in spark.table(traced).collect()],
               [r.asDict() for r in spark.table(untraced).collect()], expected)
+    columns = {name: spark.catalog.listColumns(name) for name in (traced, untraced)}
+    assert [c.name for c in columns[traced] if c.isPartition] == ["day"]
+    assert [(c.name, c.isPartition) for c in columns[traced] if c.name != "_hw_rid"] == \
+        [(c.name, c.isPartition) for c in columns[untraced]]
 
 
 def test_users_foreach_batch_gets_the_same_calls_after_a_retry(spark, env, expected, tmp_path):
     """The user's foreachBatch writes each batch's rows over that batch's folder; it fails once after
     writing batch 1, traced and untraced alike (the fault is the user's code): Spark calls it again."""
-    def user_function(root: Path):
-        failed = []
+    calls = {}
 
+    def user_function(root: Path, called: list):
         def write(df, batch_id):
+            called.append(batch_id)
             df.write.mode("overwrite").parquet(str(root / f"batch={batch_id}"))
-            if batch_id == FAULT_BATCH and not failed:
-                failed.append(batch_id)
+            if batch_id == FAULT_BATCH and called.count(batch_id) == 1:
                 raise InjectedFault(f"after the write of batch {batch_id}")
         return write
 
     for traced in (False, True):
         root = tmp_path / ("traced" if traced else "untraced")
-        function = user_function(root)
+        function = user_function(root, calls.setdefault(traced, []))
 
         def start(cp, traced=traced, function=function):
             frame = stream(spark, env)
@@ -240,8 +255,7 @@ def test_users_foreach_batch_gets_the_same_calls_after_a_retry(spark, env, expec
         run_with_retry(start, tmp_path / f"cp-{traced}", contextlib.nullcontext([FAULT_BATCH]), env)
     same_rows([r.asDict() for r in spark.read.parquet(str(tmp_path / "traced")).drop("batch").collect()],
               [r.asDict() for r in spark.read.parquet(str(tmp_path / "untraced")).drop("batch").collect()], expected)
-    assert sorted(p.name for p in (tmp_path / "traced").glob("batch=*")) == \
-        sorted(p.name for p in (tmp_path / "untraced").glob("batch=*"))
+    assert calls[True] == calls[False] == [0, 1, 1, 2]
 
 
 class RowFiles:
@@ -286,7 +300,7 @@ def test_users_foreach_writer_gets_the_same_calls_after_a_retry(spark, env, expe
 
 def test_memory_sink_is_a_view_named_after_the_query(spark, env, expected, tmp_path):
     name = f"hw_memory_{uuid.uuid4().hex[:6]}"
-    run(lambda cp: env.tracer.trace(stream(spark, env), name=name, keys={"dims": "k"}).writeStream
+    run(lambda cp: env.tracer.trace(stream(spark, env), name=f"traced-{name}", keys={"dims": "k"}).writeStream
         .format("memory").queryName(name).option("checkpointLocation", cp).start(),
         tmp_path / "cp", env)
     rows = [r.asDict() for r in spark.table(name).collect()]
@@ -311,6 +325,11 @@ def test_what_cannot_be_traced_as_asked_fails_at_start_naming_it(spark, env, tmp
         "given twice": lambda w: w.format("parquet").option("path", str(tmp_path / "e"))
         .option("checkpointLocation", checkpoint).start(str(tmp_path / "f")),
         "unknown output mode": lambda w: w.outputMode("upsert"),
+        "memory sink needs a query name": lambda w: w.format("memory").start(),
+        "emit_rid=False to write text": lambda w: w.format("text").option("checkpointLocation", checkpoint)
+        .start(str(tmp_path / "i")),
+        "format 'hive'": lambda w: w.format("hive").option("checkpointLocation", checkpoint)
+        .start(str(tmp_path / "j")),
         "temporary view": lambda w: w.option("checkpointLocation", checkpoint).toTable(view),
         "no data source 'no-such-format'": lambda w: w.format("no-such-format")
         .option("checkpointLocation", checkpoint).start(str(tmp_path / "h")),
@@ -337,4 +356,6 @@ def test_streaming_writer_sinks_commit_with_the_batch_id(spark, env, expected, t
     rows = {t: [json.loads(line) for f in sorted(root.glob("*.jsonl")) for line in f.read_text().splitlines()]
             for t, root in roots.items()}
     assert sorted(p.name for p in roots[True].glob("*.jsonl")) == ["0.jsonl", "1.jsonl", "2.jsonl"]
+    assert (roots[False] / "commits").read_text().split() == ["0", "1", "2"]
+    assert (roots[True] / "commits").read_text().split() == ["0", "1", "1", "2"]
     same_rows(rows[True], rows[False], expected)

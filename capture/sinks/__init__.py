@@ -72,21 +72,31 @@ class Sink:
     """One kind of sink: ``write`` puts one micro-batch's rows in it."""
 
     guarantee = AT_LEAST_ONCE  # what a batch retried after a crash leaves in the sink
+    # Whether writing a batch reads every row of it, so its lineage can be published by the
+    # tasks that write it; not where code may skip rows (the user's, a V1 sink's own).
+    reads_every_row = True
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         raise NotImplementedError
 
     def committed(self, batch_id: int) -> bool:
-        """Whether the sink's own commit log already holds the batch: an earlier attempt wrote it
+        """Whether the sink's own commit log ends with the batch: an earlier attempt wrote it
         and Spark's commit did not follow. ``write`` then leaves the sink as it is."""
         return False
+
+    def holds_later(self, batch_id: int) -> bool:
+        """Whether the sink's own commit log holds batches after this one: another run's."""
+        return False
+
+    def started(self, query_name: str) -> None:
+        """Called once the traced query has started."""
 
     def files(self, batch_id: int) -> list[str] | None:
         """The files the batch added to the sink, for sinks of files; None for others."""
         return None
 
 
-def open_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_mode: str, query_name: str) -> Sink:
+def open_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_mode: str) -> Sink:
     """The sink the writer's settings name, built as Spark would build it at ``start()``."""
     from . import python_sinks, spark_sinks, tables
 
@@ -99,10 +109,12 @@ def open_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_mo
     if spec.format == MEMORY:
         from .memory import MemorySink
 
-        return MemorySink(spark, query_name, schema, complete=output_mode.lower() == "complete")
+        return MemorySink(spark, option(spec.options, "queryName"), schema, complete=output_mode.lower() == "complete")
     if spec.format == CONSOLE:
         return python_sinks.ConsoleSink(spec.options)
     if spec.format == NOOP:
         return python_sinks.NoopSink()
+    if spec.format.lower() == "hive":
+        raise SinkError("a Hive table's files cannot be written by a streaming query (format 'hive')")
     return spark_sinks.spark_sink(spark, spec.format, spec.options, spec.partition_by, spec.cluster_by,
                                   output_mode, schema)

@@ -20,16 +20,23 @@ class MemorySink(Sink):
     def __init__(self, spark: SparkSession, query_name: str | None, schema: StructType, complete: bool):
         if not query_name:
             raise SinkError("the memory sink needs a query name: .queryName('…')")
-        jvm = spark._jvm
-        self._jsink = jvm.org.apache.spark.sql.execution.streaming.sources.MemorySink()
-        attributes = jvm.org.apache.spark.sql.catalyst.types.DataTypeUtils.toAttributes(java_schema(spark, schema))
-        plan = jvm.org.apache.spark.sql.execution.streaming.sources.MemoryPlan(self._jsink, attributes)
-        jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan).createOrReplaceTempView(query_name)
+        self._spark = spark
+        self._schema = schema
+        self._jsink = spark._jvm.org.apache.spark.sql.execution.streaming.sources.MemorySink()
         self.complete = complete
+
+    def started(self, query_name: str) -> None:
+        """The view, made as Spark makes it: once the query has started."""
+        jvm = self._spark._jvm
+        attributes = jvm.org.apache.spark.sql.catalyst.types.DataTypeUtils.toAttributes(
+            java_schema(self._spark, self._schema))
+        plan = jvm.org.apache.spark.sql.execution.streaming.sources.MemoryPlan(self._jsink, attributes)
+        jvm.org.apache.spark.sql.classic.Dataset.ofRows(self._spark._jsparkSession, plan) \
+            .createOrReplaceTempView(query_name)
 
     def committed(self, batch_id: int) -> bool:
         latest = self._jsink.latestBatchId()
-        return bool(latest.isDefined()) and int(latest.get()) >= batch_id
+        return bool(latest.isDefined()) and int(latest.get()) == batch_id
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         self._jsink.write(batch_id, self.complete, df._jdf.collect())

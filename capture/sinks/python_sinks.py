@@ -17,6 +17,7 @@ RULE = "-" * 43  # ConsoleWrite's rule above and below "Batch: N"
 
 class ForeachBatchSink(Sink):
     guarantee = AT_LEAST_ONCE
+    reads_every_row = False  # the user's code
 
     def __init__(self, function):
         if not callable(function):
@@ -32,6 +33,7 @@ class ForeachSink(Sink):
     ``process(row)`` and ``close(error)`` per partition, as ``DataStreamWriter.foreach`` calls them."""
 
     guarantee = AT_LEAST_ONCE
+    reads_every_row = False  # a writer's open() may skip a partition
 
     def __init__(self, writer):
         self.run = partition_writer(writer)
@@ -43,7 +45,7 @@ class ForeachSink(Sink):
 
 def partition_writer(writer):
     """``run(partition_id, epoch_id, rows)`` for a foreach writer, checked as Spark checks it."""
-    if callable(writer) and not hasattr(writer, "process"):
+    if callable(writer):  # as PySpark: a callable is a function of a row, whatever else it has
         def each_row(_partition, _epoch, rows):
             for row in rows:
                 writer(row)
@@ -55,9 +57,10 @@ def partition_writer(writer):
                             f"an object with process(row) and optional open(partition_id, epoch_id) and close(error)")
 
     def open_process_close(partition, epoch, rows):
+        process = writer.open(partition, epoch) if hasattr(writer, "open") else True  # as PySpark: not under close
         error = None
         try:
-            if not hasattr(writer, "open") or writer.open(partition, epoch):
+            if process:
                 for row in rows:
                     writer.process(row)
         except Exception as exc:
@@ -75,6 +78,7 @@ class ConsoleSink(Sink):
     """What Spark's console sink prints: the batch's header, then its rows."""
 
     guarantee = NONE
+    reads_every_row = False  # shows the first rows only
 
     def __init__(self, options: dict):
         self.rows = int(option(options, "numRows") or 20)

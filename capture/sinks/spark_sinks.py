@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from . import AT_LEAST_ONCE, EXACTLY_ONCE, Sink, SinkError, option
+from . import EXACTLY_ONCE, Sink, SinkError, option
 from .jvm import case_insensitive, is_instance, java_schema, message, output_mode as java_output_mode, scala_map, \
     scala_seq
 
@@ -27,7 +27,9 @@ AS_THE_CONNECTOR = "as the connector commits"  # a streaming writer's guarantee 
 class SparkSink(Sink):
     """A V1 sink of Spark's (``StreamSinkProvider``): each batch goes to its ``addBatch``."""
 
-    def __init__(self, jsink, guarantee: str = AT_LEAST_ONCE):
+    reads_every_row = False  # its addBatch may skip a batch it holds (Delta does)
+
+    def __init__(self, jsink, guarantee: str = AS_THE_CONNECTOR):
         self._jsink = jsink
         self.guarantee = guarantee
 
@@ -39,6 +41,8 @@ class FileSink(SparkSink):
     """Spark's file sink: files written under the path, then the batch's list of them added to
     ``_spark_metadata``; readers of the path read that log, so they see committed batches only,
     and a batch the log already holds is not written again."""
+
+    reads_every_row = True  # FileStreamSink skips only what ``committed`` says it holds
 
     def __init__(self, spark: SparkSession, jsink, path: str):
         super().__init__(jsink, EXACTLY_ONCE)
@@ -53,8 +57,14 @@ class FileSink(SparkSink):
                                             jvm.scala.Option.empty())
 
     def committed(self, batch_id: int) -> bool:
+        return self._latest() == batch_id
+
+    def holds_later(self, batch_id: int) -> bool:
+        return self._latest() > batch_id
+
+    def _latest(self) -> int:
         latest = self._log.getLatestBatchId()
-        return bool(latest.isDefined()) and int(latest.get()) >= batch_id
+        return int(latest.get()) if latest.isDefined() else -1
 
     def files(self, batch_id: int) -> list[str] | None:
         """The batch's files as its log entry lists them. Every few batches Spark compacts the
@@ -96,10 +106,13 @@ class StreamingWriteSink(Sink):
     def write(self, df: DataFrame, batch_id: int) -> None:
         jvm = self._spark._jvm
         query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID)
+        if not query_id:  # a connector may key its commits on it: never write without it
+            raise SinkError(f"batch {batch_id}: no streaming query id on the thread writing it ({QUERY_ID})")
         plan = jvm.org.apache.spark.sql.execution.streaming.sources.WriteToMicroBatchDataSource(
             self._relation, df._jdf.queryExecution().analyzed(), query_id, self._options, self._mode,
             jvm.scala.Option.empty()).withNewBatchId(batch_id)
-        jvm.org.apache.spark.sql.classic.Dataset.ofRows(self._spark._jsparkSession, plan).collect()
+        # In the batch's own session, as Spark's micro-batch engine runs it (its settings, not the tracer's).
+        jvm.org.apache.spark.sql.classic.Dataset.ofRows(df._jdf.sparkSession(), plan).collect()
 
 
 def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: list[str] | None,

@@ -52,7 +52,8 @@ def table_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_m
         raise SinkError(f"toTable({name!r}): the writer's format {spec.format!r} is not the table's "
                         f"({provider!r}): call .format({provider!r}) or leave the table to its own format")
     location = jvm.org.apache.hadoop.fs.Path(v1.location()).toString()
-    return spark_sink(spark, provider, {**spec.options, "path": location}, spec.partition_by, spec.cluster_by,
+    options = {k: v for k, v in spec.options.items() if k.lower() != "path"}
+    return spark_sink(spark, provider, {**options, "path": location}, spec.partition_by, spec.cluster_by,
                       output_mode, schema)
 
 
