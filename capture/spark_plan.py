@@ -30,6 +30,16 @@ class Jvm:
     def items(scala_seq) -> list:
         return [scala_seq.apply(i) for i in range(scala_seq.size())]
 
+    @staticmethod
+    def mapping(scala_map) -> dict:
+        """A Scala map as a dict."""
+        found = {}
+        entries = scala_map.iterator()
+        while entries.hasNext():
+            entry = entries.next()
+            found[entry._1()] = entry._2()
+        return found
+
     def dataframe(self, plan) -> DataFrame:
         jss = self.spark._jsparkSession
         return DataFrame(self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(jss, plan), self.spark)
@@ -131,13 +141,7 @@ def _file_location(node) -> dict | None:
 
 def _options(scala_map) -> dict[str, str]:
     """A reader's options (a Scala map), but the paths."""
-    options = {}
-    entries = scala_map.iterator()
-    while entries.hasNext():
-        entry = entries.next()
-        if entry._1().lower() not in ("path", "paths"):
-            options[entry._1()] = entry._2()
-    return options
+    return {k: v for k, v in Jvm.mapping(scala_map).items() if k.lower() not in ("path", "paths")}
 
 
 def plan_ir(df: DataFrame) -> tuple[PlanNode, list]:

@@ -354,12 +354,13 @@ class BatchHook:
         frame = batch_df
         boxes = self.traced.threaded.black_boxes
         capture = plan.level != LOG_ONLY
-        if self.sink.holds_later(batch_id):
+        latest = self.sink.latest_batch()
+        if latest > batch_id:
             self._refuse(batch_id, versions, started)
             return
         # An earlier attempt wrote the batch and Spark's commit did not follow: the sink keeps
         # what it holds, and the lineage is published again (rids and edges are idempotent).
-        written = self.sink.committed(batch_id)
+        written = latest == batch_id
         fused = capture and self.fusable and self.sink.reads_every_row and not written
         if boxes and capture:
             frame = frame.persist()

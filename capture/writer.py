@@ -129,10 +129,11 @@ class TracedWriter:
         spec = self._sink
         if spec.format is None:
             spec.format = spark.conf.get("spark.sql.sources.default")
-        self._check(spark)
+        schema = self._sink_schema()
+        self._check(spark, schema)
         query_name = option(spec.options, "queryName") or traced.name
         hook = BatchHook(traced, spec)
-        hook.sink = open_sink(spark, spec, self._sink_schema(), self._output_mode)
+        hook.sink = open_sink(spark, spec, schema, self._output_mode)
         writer = hook.streaming_frame(traced.threaded.df).writeStream.foreachBatch(hook).outputMode(self._output_mode)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
@@ -156,7 +157,7 @@ class TracedWriter:
         hook.sink.started(query_name)
         return query
 
-    def _check(self, spark) -> None:
+    def _check(self, spark, schema: StructType) -> None:
         """What ``DataStreamWriter`` refuses at start, and what headwater cannot honour."""
         spec = self._sink
         continuous = [k for k in CONTINUOUS_TRIGGERS if self._trigger.get(k) is not None]
@@ -174,7 +175,7 @@ class TracedWriter:
             # Spark's rule: only a complete-mode memory sink can be rebuilt from a checkpoint.
             raise SinkError(f"a memory sink in {self._output_mode} mode does not recover from a checkpoint: delete "
                             f"{self._checkpoint}/offsets to start over")
-        columns = [f.name for f in self._sink_schema().fields]
+        columns = [f.name for f in schema.fields]
         spec.partition_by = _normalized(spark, spec.partition_by, columns, "partition")
         spec.cluster_by = _normalized(spark, spec.cluster_by, columns, "clustering")
         if (spec.table or spec.format not in ONE_TIME_SINKS) and not self._checkpoint \

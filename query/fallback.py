@@ -23,18 +23,17 @@ same plan over the same rows: ``forward_fallback.py``.
 from __future__ import annotations
 
 import datetime
-import json
 import time
 from pathlib import Path
 from typing import Callable
-from urllib.parse import unquote
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version
+from headwater.adapters.table_files import TableUnreadable, local_path, read_table, sink_batch_files, \
+    table_version, uri_path
 from headwater.core import rid as rids
 from headwater.core.config import Config
 from headwater.core.plan import location_key
@@ -150,12 +149,13 @@ class Fallback:
             if kind not in ("parquet", "orc", "json") or not path or not Path(path).exists():
                 return None
             log = self.log.refresh()
+            has_log = Path(path, "_spark_metadata").is_dir()
             batch_of = {}
             for batch in log.batches(query):
-                listed = (log.batch(query, batch) or {}).get("sink_files") or committed_files(path, batch)
-                # Spark lists them as URIs: a file's name is escaped.
-                batch_of.update((str(Path(unquote(local_path(f))).resolve()), batch) for f in listed)
-        except TableUnreadable:  # a sink on a file system this host cannot read
+                listed = (log.batch(query, batch) or {}).get("sink_files") \
+                    or (sink_batch_files(path, batch) if has_log else None) or []
+                batch_of.update((str(Path(uri_path(f)).resolve()), batch) for f in listed)
+        except TableUnreadable:  # a sink on a file system this host cannot read, or a log it cannot
             return None
         paths = [f for f in batch_of if Path(f).exists()]
         if not paths:
@@ -286,38 +286,6 @@ class Fallback:
         except TableUnreadable as exc:
             raise LineageError(f"the static table cannot be read back: {exc}") from None
         return self._static[cache]
-
-
-def committed_files(sink: str, batch: int) -> list[str]:
-    """The files a file sink's own commit log (Spark's ``_spark_metadata``) lists for one batch.
-    A compaction's entry (``<batch>.compact``) lists every file so far: the batch's own are those
-    the entries since the compaction before do not list. None are known once Spark has deleted
-    an entry that takes."""
-    folder = Path(sink, "_spark_metadata")
-    own = _log_entry(folder / str(batch))
-    if own is not None:
-        return own
-    everything = _log_entry(folder / f"{batch}.compact")
-    if everything is None:
-        return []
-    compactions = {int(p.name.split(".")[0]) for p in folder.glob("*.compact") if p.name.split(".")[0].isdigit()}
-    earlier = [c for c in sorted(compactions) if c < batch]
-    before: set[str] = set()
-    for b in range(earlier[-1] if earlier else 0, batch):
-        listed = _log_entry(folder / (f"{b}.compact" if b in compactions else str(b)))
-        if listed is None:
-            return []
-        before.update(listed)
-    return [f for f in everything if f not in before]
-
-
-def _log_entry(path: Path) -> list[str] | None:
-    """The files one entry of a sink's commit log lists (a version line, then one JSON line per file)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return None
-    return [json.loads(line)["path"] for line in lines[1:] if line.strip()]
 
 
 def static_source(relation: Relation, kept: dict) -> dict:

@@ -57,11 +57,10 @@ def read_log(config) -> list[dict]:
 def local_file(path: str) -> str:
     """A file's local path, resolved, whether Spark names it as a URI (escaped) or not."""
     from pathlib import Path
-    from urllib.parse import unquote
 
-    from headwater.adapters.table_files import local_path
+    from headwater.adapters.table_files import uri_path
 
-    return str(Path(unquote(local_path(path))).resolve())
+    return str(Path(uri_path(path)).resolve())
 
 
 def sink_file_batches(config, query: str) -> dict[str, int]:

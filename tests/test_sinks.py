@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from headwater.capture.sinks import SinkError
 from headwater.capture.sinks.spark_sinks import FileSink, StreamingWriteSink
 from headwater.core.schema import LOG_BATCH
-from headwater.query.fallback import committed_files
+from headwater.adapters.table_files import sink_batch_files
 from headwater.query.api import LineageClient
 
 from . import pipelines
@@ -200,7 +200,7 @@ def test_file_sinks_after_a_retried_batch_equal_untraced(spark, env, expected, t
     on_disk = {str(p.resolve()) for p in Path(traced).rglob(f"part-*.{file_format(kind)}*") if "left-by" not in p.name}
     assert sorted(f for fs in files.values() for f in fs) == sorted(on_disk)  # each file in one batch only
     for batch, listed in files.items():  # and the fallback reads the sink's log alike, compactions too
-        assert sorted(local_file(f) for f in committed_files(traced, batch)) == sorted(listed), batch
+        assert sorted(local_file(f) for f in sink_batch_files(traced, batch)) == sorted(listed), batch
     index(env.config)
     read = {pipelines.parse(v)["id"]: c for v, c in zip(env.values, env.coordinates)}
     with LineageClient(env.config) as client:

@@ -7,7 +7,7 @@ commit log, so a retried batch is written once and readers see committed batches
 
 Each kind of sink is a ``Sink`` in a module of its own; ``open_sink`` picks one at
 ``start()``, so whatever headwater cannot honour fails there, before the stream runs.
-To add a kind: subclass ``Sink`` (``write``; ``committed`` and ``files`` if the sink keeps a
+To add a kind: subclass ``Sink`` (``write``; ``latest_batch`` and ``files`` if the sink keeps a
 commit log) and have ``open_sink`` choose it.
 """
 
@@ -79,14 +79,11 @@ class Sink:
     def write(self, df: DataFrame, batch_id: int) -> None:
         raise NotImplementedError
 
-    def committed(self, batch_id: int) -> bool:
-        """Whether the sink's own commit log ends with the batch: an earlier attempt wrote it
-        and Spark's commit did not follow. ``write`` then leaves the sink as it is."""
-        return False
-
-    def holds_later(self, batch_id: int) -> bool:
-        """Whether the sink's own commit log holds batches after this one: another run's."""
-        return False
+    def latest_batch(self) -> int:
+        """The last batch the sink's own commit log holds (-1: none, or the sink keeps no log).
+        Spark runs a batch again only if its commit did not follow the write: the log may end
+        with the batch, which ``write`` then leaves as it is; a later batch is another run's."""
+        return -1
 
     def started(self, query_name: str) -> None:
         """Called once the traced query has started."""

@@ -8,19 +8,8 @@ from pyspark.sql.types import StructType
 OUTPUT_MODES = ("append", "update", "complete")
 
 
-def scala_seq(jvm, values) -> object:
-    return jvm.org.apache.spark.api.python.PythonUtils.toSeq(java_list(jvm, values))
-
-
 def scala_map(jvm, mapping: dict) -> object:
     return jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map(jvm, mapping))
-
-
-def java_list(jvm, values) -> object:
-    result = jvm.java.util.ArrayList()
-    for value in values:
-        result.add(value)
-    return result
 
 
 def java_map(jvm, mapping: dict) -> object:
@@ -28,11 +17,6 @@ def java_map(jvm, mapping: dict) -> object:
     for key, value in mapping.items():
         result.put(key, value)
     return result
-
-
-def python_list(seq) -> list:
-    """A Scala ``Seq`` as a Python list."""
-    return [seq.apply(i) for i in range(seq.size())]
 
 
 def case_insensitive(jvm, options: dict) -> object:

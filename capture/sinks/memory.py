@@ -34,9 +34,9 @@ class MemorySink(Sink):
         jvm.org.apache.spark.sql.classic.Dataset.ofRows(self._spark._jsparkSession, plan) \
             .createOrReplaceTempView(query_name)
 
-    def committed(self, batch_id: int) -> bool:
+    def latest_batch(self) -> int:
         latest = self._jsink.latestBatchId()
-        return bool(latest.isDefined()) and int(latest.get()) == batch_id
+        return int(latest.get()) if latest.isDefined() else -1
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         self._jsink.write(batch_id, self.complete, df._jdf.collect())

@@ -15,9 +15,11 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from headwater.core.sink_log import batch_files
+
+from ..spark_plan import Jvm
 from . import EXACTLY_ONCE, Sink, SinkError, option
-from .jvm import case_insensitive, is_instance, java_schema, message, output_mode as java_output_mode, scala_map, \
-    scala_seq
+from .jvm import case_insensitive, is_instance, java_schema, message, output_mode as java_output_mode, scala_map
 
 FILE_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
 QUERY_ID = "sql.streaming.queryId"  # StreamExecution.QUERY_ID_KEY, set on the thread running the batch
@@ -42,11 +44,11 @@ class FileSink(SparkSink):
     ``_spark_metadata``; readers of the path read that log, so they see committed batches only,
     and a batch the log already holds is not written again."""
 
-    reads_every_row = True  # FileStreamSink skips only what ``committed`` says it holds
+    reads_every_row = True  # FileStreamSink skips only batches its log holds, as ``latest_batch`` says
 
     def __init__(self, spark: SparkSession, jsink, path: str):
         super().__init__(jsink, EXACTLY_ONCE)
-        jvm = spark._jvm
+        jvm = self._jvm = spark._jvm
         root = jvm.org.apache.hadoop.fs.Path(path)
         self._fs = root.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
         sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
@@ -56,33 +58,17 @@ class FileSink(SparkSink):
         self._log = sinks.FileStreamSinkLog(1, spark._jsparkSession, self._log_path.toString(),
                                             jvm.scala.Option.empty())
 
-    def committed(self, batch_id: int) -> bool:
-        return self._latest() == batch_id
-
-    def holds_later(self, batch_id: int) -> bool:
-        return self._latest() > batch_id
-
-    def _latest(self) -> int:
+    def latest_batch(self) -> int:
         latest = self._log.getLatestBatchId()
         return int(latest.get()) if latest.isDefined() else -1
 
     def files(self, batch_id: int) -> list[str] | None:
-        """The batch's files as its log entry lists them. Every few batches Spark compacts the
-        log: that batch's entry lists every file so far, less what earlier entries listed."""
-        entries = self._entries(batch_id)
-        if entries is None:
-            return None
-        compactions = sorted(int(name.split(".")[0]) for name in self._names() if name.endswith(".compact"))
-        if batch_id not in compactions:
-            return sorted(entries)
-        earlier = [c for c in compactions if c < batch_id]
-        before: set[str] = set()
-        for batch in range(earlier[-1] if earlier else 0, batch_id):
-            listed = self._entries(batch)
-            if listed is None:  # Spark deleted old entries: the batch's own files cannot be told
-                return None
-            before |= listed
-        return sorted(entries - before)
+        """The batch's files as its log entry lists them (``headwater.core.sink_log``). The log
+        is listed only after a compaction, which Spark writes every few batches."""
+        compacted = self._fs.exists(self._jvm.org.apache.hadoop.fs.Path(self._log_path, f"{batch_id}.compact"))
+        compactions = [int(name.split(".")[0]) for name in self._names() if name.endswith(".compact")] \
+            if compacted else []
+        return batch_files(batch_id, self._entries, compactions)
 
     def _entries(self, batch_id: int) -> set[str] | None:
         entry = self._log.get(batch_id)
@@ -132,13 +118,14 @@ def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: li
             table, jvm.scala.Option.empty(), jvm.scala.Option.empty(), case_insensitive(jvm, options),
             jvm.scala.Option.empty())
         return StreamingWriteSink(spark, relation, options, output_mode)
+    scala = Jvm(spark)
     clustering = datasources.DataSourceUtils.CLUSTERING_COLUMNS_KEY()
     options = {k: v for k, v in options.items() if k != clustering}  # as DataStreamWriter.createV1Sink
     if cluster_by:
-        options[clustering] = datasources.DataSourceUtils.encodePartitioningColumns(scala_seq(jvm, cluster_by))
+        options[clustering] = datasources.DataSourceUtils.encodePartitioningColumns(scala.seq(cluster_by))
     factory = getattr(datasources, "DataSource$").__getattr__("MODULE$")
     none = jvm.scala.Option.empty()
-    data_source = factory.apply(jspark, source, scala_seq(jvm, []), none, scala_seq(jvm, partition_by or []), none,
+    data_source = factory.apply(jspark, source, scala.seq([]), none, scala.seq(partition_by or []), none,
                                 scala_map(jvm, options), none, none)
     file_format = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.datasources.FileFormat")
     if file_format.isAssignableFrom(data_source.providingClass()):
@@ -169,7 +156,7 @@ def _streaming_table(spark: SparkSession, cls, source: str, options: dict, schem
     if is_instance(jvm, "org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2", provider):
         provider.setShortName(source)
     v2 = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Utils
-    session = {k: v for k, v in _dict(v2.extractSessionConfigs(provider, conf)).items() if option(options, k) is None}
+    session = {k: v for k, v in Jvm.mapping(v2.extractSessionConfigs(provider, conf)).items() if option(options, k) is None}
     given = jvm.scala.Some(java_schema(spark, schema)) if provider.supportsExternalMetadata() else jvm.scala.Option.empty()
     try:
         table = v2.getTableFromProvider(provider, case_insensitive(jvm, {**session, **options}), given)
@@ -183,11 +170,3 @@ def supports_streaming_write(jvm, table) -> bool:
     return is_instance(jvm, "org.apache.spark.sql.connector.catalog.SupportsWrite", table) \
         and bool(table.capabilities().contains(capability))
 
-
-def _dict(scala_map_value) -> dict:
-    it = scala_map_value.iterator()
-    result = {}
-    while it.hasNext():
-        pair = it.next()
-        result[pair._1()] = pair._2()
-    return result

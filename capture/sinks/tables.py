@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from . import Sink, SinkError, SinkSpec, option
-from .jvm import case_insensitive, is_instance, java_schema, message, python_list
+from ..spark_plan import Jvm
+from .jvm import case_insensitive, is_instance, java_schema, message
 from .spark_sinks import StreamingWriteSink, spark_sink, supports_streaming_write
 
 V1_TABLES = ("org.apache.spark.sql.connector.catalog.V1Table",
@@ -68,7 +69,7 @@ def _create(spark: SparkSession, parts, spec: SinkSpec, schema: StructType) -> N
     """``CREATE TABLE`` as ``toTable`` makes it: nullable columns, the writer's format, location
     and partitioning (or clustering), no other options."""
     columns = java_schema(spark, schema).asNullable().toDDL()
-    statement = f"CREATE TABLE {'.'.join(_quoted(p) for p in python_list(parts))} ({columns}) USING {spec.format}"
+    statement = f"CREATE TABLE {'.'.join(_quoted(p) for p in Jvm.items(parts))} ({columns}) USING {spec.format}"
     if spec.cluster_by:
         statement += f" CLUSTER BY ({', '.join(map(_quoted, spec.cluster_by))})"
     elif spec.partition_by:

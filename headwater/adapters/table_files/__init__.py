@@ -67,12 +67,12 @@ import pyarrow as pa
 from .columnar import file_schema_columns, read_orc, read_parquet
 from .csv import csv_columns, read_csv
 from .json import json_columns, read_json
-from .listing import DataFile, data_files, local_path, partition_names, with_partitions
+from .listing import DataFile, data_files, local_path, partition_names, sink_batch_files, uri_path, with_partitions
 from .location import FORMATS, TableUnreadable, format_of, options_of
 from .text import read_text
 from .types import arrow_type, partition_type, text_parser
 
-__all__ = ["FORMATS", "TableUnreadable", "local_path", "read_table", "table_version"]
+__all__ = ["FORMATS", "TableUnreadable", "local_path", "read_table", "sink_batch_files", "table_version", "uri_path"]
 
 _READERS = {"parquet": read_parquet, "orc": read_orc, "csv": read_csv, "json": read_json, "text": read_text}
 

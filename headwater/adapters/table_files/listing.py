@@ -19,6 +19,8 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
+from headwater.core.sink_log import batch_files
+
 from .location import TableUnreadable, flag
 
 
@@ -104,32 +106,57 @@ def _sink_log_files(root: str) -> list[str]:
     not the table's. The log's batches are files ``<n>`` and ``<n>.compact``; the latest
     compact batch holds everything before it, and each line after a version line is one file.
     """
-    log = os.path.join(root, "_spark_metadata")
-    try:
-        batches = {int(name.split(".")[0]): name for name in os.listdir(log) if re.fullmatch(r"\d+(\.compact)?", name)}
-    except OSError as e:
-        raise TableUnreadable(f"{log}: cannot be listed: {e.strerror}") from None
+    log, batches = _sink_log(root)
     first = max((n for n, name in batches.items() if name.endswith(".compact")), default=0)
     added: dict[str, None] = {}
     deleted = set()
     for number in sorted(n for n in batches if n >= first):
-        path = os.path.join(log, batches[number])
-        try:
-            with open(path, encoding="utf-8") as f:
-                version, *lines = f.read().splitlines() or [""]
-            if not re.fullmatch(r"v\d+", version):
-                raise ValueError(f"it starts with {version!r}, not a version")
-            for status in map(json.loads, lines):
-                if status.get("isDir"):
-                    continue
-                file = unquote(urlparse(status["path"]).path)
-                if status.get("action") == "delete":
-                    deleted.add(file)
-                else:
-                    added[file] = None
-        except (OSError, UnicodeError, ValueError, KeyError, AttributeError) as e:
-            raise TableUnreadable(f"{path}: not a readable file sink log batch: {e}") from None
+        for file, adds in _log_entry(os.path.join(log, batches[number])):
+            if adds:
+                added[file] = None
+            else:
+                deleted.add(file)
     return [path for path in added if path not in deleted]
+
+
+def sink_batch_files(root: str, batch: int) -> list[str] | None:
+    """The files batch ``batch`` added to the streaming file sink at ``root``, from its
+    ``_spark_metadata`` log (``headwater.core.sink_log``); None if the log no longer tells."""
+    log, batches = _sink_log(root)
+
+    def entry(number: int) -> list[str] | None:
+        name = batches.get(number)
+        return None if name is None else [file for file, adds in _log_entry(os.path.join(log, name)) if adds]
+    return batch_files(batch, entry, (n for n, name in batches.items() if name.endswith(".compact")))
+
+
+def uri_path(path: str) -> str:
+    """The local path of a file as Spark's logs name it: a URI (``file:/a%20b``) or a plain path."""
+    return unquote(urlparse(path).path)
+
+
+def _sink_log(root: str) -> tuple[str, dict[int, str]]:
+    """A sink's log folder and its entries' names by batch (``<n>`` or ``<n>.compact``)."""
+    log = os.path.join(root, "_spark_metadata")
+    try:
+        return log, {int(name.split(".")[0]): name for name in os.listdir(log)
+                     if re.fullmatch(r"\d+(\.compact)?", name)}
+    except OSError as e:
+        raise TableUnreadable(f"{log}: cannot be listed: {e.strerror}") from None
+
+
+def _log_entry(path: str) -> list[tuple[str, bool]]:
+    """One entry of a sink's log: each file it names and whether it adds it (else deletes it).
+    A version line comes first, then one JSON line per file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            version, *lines = f.read().splitlines() or [""]
+        if not re.fullmatch(r"v\d+", version):
+            raise ValueError(f"it starts with {version!r}, not a version")
+        return [(uri_path(status["path"]), status.get("action") != "delete")
+                for status in map(json.loads, lines) if not status.get("isDir")]
+    except (OSError, UnicodeError, ValueError, KeyError, AttributeError) as e:
+        raise TableUnreadable(f"{path}: not a readable file sink log batch: {e}") from None
 
 
 def _partition_spec(path: str, base: str) -> tuple[tuple[str, str | None], ...]:
