@@ -81,8 +81,8 @@ def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int)
 
 
 @contextmanager
-def bench_stack(app: str):
-    """``(home, config, spark)``: a local stack on free ports, a SparkSession, the customers table."""
+def bench_stack(app: str, **conf: str):
+    """``(home, config, spark)``: a local stack on free ports, a SparkSession (with ``conf``), the customers table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -96,7 +96,7 @@ def bench_stack(app: str):
         stack.up()
         try:
             pq.write_table(pa.Table.from_pylist(data.customers()), home / "customers.parquet")
-            spark = spark_session(app)
+            spark = spark_session(app, **conf)
             try:
                 yield home, stack.config().with_overrides(spill_dir=str(home / "spill")), spark
             finally:

@@ -4,7 +4,9 @@ Input columns: ``_hw_rid`` (the rid of the row the edges end at: an output row, 
 black box's state node) and one ``_hw_src_<id>`` column per source: a struct (``rid``
 plus coordinates: ``topic, partition, offset`` for Kafka, ``path, position`` for files,
 ``key`` for static tables and the rate source; null where an outer join found no row),
-or, above an aggregation, a list of such structs: every row of the group.
+above an aggregation, its group's state key (``state``: the rid is the state node's once
+tied to the run, ``rid.state_node_rids``), or, above an aggregation that keeps rid lists,
+a list of such structs: every row of the group.
 
 A black box's column holds a placeholder struct; its rows' true rid is the black box's
 state node, which only the per-batch hook knows (``SourceEdges.rid``).
@@ -18,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from headwater.core import rid as rids
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
 
 # Source kinds and the coordinates their structs carry, as NODE_SCHEMA fields.
@@ -27,9 +30,10 @@ COORDINATES = {
     "static": ("key",),
     "rate": ("key",),
     "blackbox": (),
+    "state": (),  # a stateful operator's group: its state key
     "output": (),  # the sink's own rows, going into the user's foreachBatch code
 }
-_NODE_KIND = {"blackbox": "state", "output": "output"}
+_NODE_KIND = {"blackbox": "state", "state": "state", "output": "output"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class BatchContext:
     dst_kind: str = "output"  # or "state": the edges end at a black box's state node
     dst_dataset: str | None = None  # the dataset of the rows edges end at; the sink by default
     exact: bool = True  # False: every edge is a superset edge (into a black box)
+    run: int | None = None  # the run state keys are tied to (``rid.run_hash``), where sources hold state keys
+    dst_in_batch: bool = True  # the rows edges end at belong to the batch; False: state nodes living across batches
 
 
 def _const(value, n: int, type_: pa.DataType) -> pa.Array:
@@ -66,7 +72,7 @@ def _node_table(rid: pa.Array, kind: str, dataset, values: dict, query=None, bat
                     schema=NODE_SCHEMA)
 
 
-def _source_nodes(rows: pa.Array, rid: pa.Array, src: SourceEdges) -> pa.Table:
+def _source_nodes(rows: pa.Array, rid: pa.Array, src: SourceEdges, query: str) -> pa.Table:
     n = len(rid)
     values = {name: pc.struct_field(rows, name) for name in COORDINATES[src.source]}
     if src.source == "kafka":
@@ -75,14 +81,23 @@ def _source_nodes(rows: pa.Array, rid: pa.Array, src: SourceEdges) -> pa.Table:
         dataset = pc.binary_join_element_wise("file", values["path"], ":")
     else:
         dataset = _const(src.dataset, n, pa.string())
-    return _node_table(rid, _NODE_KIND.get(src.source, "source"), dataset, values)
+    return _node_table(rid, _NODE_KIND.get(src.source, "source"), dataset, values,
+                       query if src.source == "state" else None)
+
+
+def state_rids(keys: pa.Array, run: int | None) -> pa.Array:
+    """The state nodes' rids of state keys, in run ``run``."""
+    if run is None:
+        raise ValueError("state keys need the run they belong to (BatchContext.run)")
+    return pa.array(rids.state_node_rids(keys.to_numpy(zero_copy_only=False), run), pa.int64())
 
 
 def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, pa.Table]:
     out = batch.column("_hw_rid")
     n = len(out)
     dst_dataset = ctx.dst_dataset or ctx.sink
-    node_parts = [_node_table(out, ctx.dst_kind, _const(dst_dataset, n, pa.string()), {}, ctx.query, ctx.batch)]
+    node_parts = [_node_table(out, ctx.dst_kind, _const(dst_dataset, n, pa.string()), {}, ctx.query,
+                              ctx.batch if ctx.dst_in_batch else None)]
     edge_parts = []
     for src in ctx.sources:
         struct = batch.column(src.column)
@@ -94,7 +109,12 @@ def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, 
         rows = pc.filter(struct, present)
         dst = pc.filter(dst, present)
         k = len(rows)
-        rid = _const(src.rid, k, pa.int64()) if src.rid is not None else pc.struct_field(rows, "rid")
+        if src.rid is not None:
+            rid = _const(src.rid, k, pa.int64())
+        elif src.source == "state":
+            rid = state_rids(pc.struct_field(rows, "rid"), ctx.run)
+        else:
+            rid = pc.struct_field(rows, "rid")
         edge_parts.append(
             pa.table(
                 [rid, dst, _const(ctx.query, k, pa.string()), _const(ctx.batch, k, pa.int64()),
@@ -103,7 +123,7 @@ def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, 
                 schema=EDGE_SCHEMA,
             )
         )
-        node_parts.append(_source_nodes(rows, rid, src))
+        node_parts.append(_source_nodes(rows, rid, src, ctx.query))
     nodes = pa.concat_tables(node_parts)
     _, first = np.unique(nodes.column("rid").to_numpy(), return_index=True)
     nodes = nodes.take(pa.array(np.sort(first)))

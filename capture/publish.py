@@ -88,9 +88,11 @@ class _Task:
         self.edge_counts: list[int] = []
         self.key = f"{ctx.query}/{ctx.batch}".encode()
 
-    def messages(self, batch: pa.RecordBatch) -> Iterator[tuple]:
+    def messages(self, batch: pa.RecordBatch, ctx: BatchContext | None = None) -> Iterator[tuple]:
+        """Payloads of the lineage of ``batch``'s rows, as ``ctx`` (the task's own by default) reads them."""
         for offset in range(0, batch.num_rows, self.target.max_rows_per_message):
-            node_table, edge_table = lineage_tables(batch.slice(offset, self.target.max_rows_per_message), self.ctx)
+            node_table, edge_table = lineage_tables(batch.slice(offset, self.target.max_rows_per_message),
+                                                    ctx or self.ctx)
             payload = encode_lineage(node_table, edge_table)
             self.counts["edges"] += edge_table.num_rows
             self.counts["nodes"] += node_table.num_rows

@@ -16,6 +16,14 @@ by ``_hw_bb`` (the black box's node id) and null in every user column. The per-b
 hook splits them again and links inputs and outputs through the black box's state node
 with superset edges.
 
+A stateful aggregate gets state nodes (DESIGN §2): one per group and input column, named
+by its state key ``xxhash64(STATE, query, op, input, key values…)``. Above the aggregate,
+each input's rid column is replaced by a struct of that key, an output expression of the
+group's key values, so Spark's state holds nothing of headwater's. Right below it, a filter
+that keeps every row hands the rows entering the aggregate (their rid columns and state
+keys, nothing of the user's columns) to ``entering``, which publishes each one's edge to
+its group's state node from the task, once, in the batch it enters (``state_nodes.py``).
+
 Operators not handled here raise ``UnsupportedPlanError`` naming the node, rather than
 produce wrong edges.
 """
@@ -23,13 +31,14 @@ produce wrong edges.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 
 from headwater.core import rid as rids
-from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode
+from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode, column_masks, state_dataset
 
 from .spark_plan import Jvm, analyzed, plan_ir
 
@@ -68,8 +77,8 @@ class TracedSource:
 
     node_id: int
     column: str  # the struct column threaded to the sink
-    source: str  # kafka | file | rate | static | blackbox
-    dataset: str | None  # static table (``table:<identity>``) or black box; Kafka and file rows are named by topic or path
+    source: str  # kafka | file | rate | static | blackbox | state (an aggregate's groups)
+    dataset: str | None  # static table (``table:<identity>``), black box or aggregate; Kafka and file rows are named by topic or path
     key: tuple[str, ...]  # declared key columns of a static table, empty for a content hash
     location: dict | None  # {"paths": [...], "format": ..., "options": {...}} of a file-backed table or stream
     stateful: bool = False  # a black box whose outputs may derive from earlier batches' inputs
@@ -160,16 +169,88 @@ def union(jvm: Jvm, original, node: PlanNode, rewritten: list):
     return new, Jvm.items(new.output())[len(node.output):]
 
 
+WATERMARK_KEY = "spark.watermarkDelayMs"  # Spark's metadata key of an event-time column
+
+
+@dataclass(frozen=True)
+class StateOp:
+    """A stateful aggregate of a traced plan: what its state nodes gather, and from where."""
+
+    node_id: int
+    dataset: str  # its state nodes' dataset: "Aggregate#<node id>"
+    inputs: tuple[TracedSource, ...]  # the rid columns entering it, in the order ``entering`` gets them
+    columns: tuple[str, ...]  # above it, the state key column standing for each input
+    masks: tuple[int, ...]  # each input's attribute mask (``plan.column_masks`` of the source it comes from)
+    late_key: int | None  # exprId of the grouping column whose watermark drops late rows; None: none is dropped
+
+    def to_dict(self) -> dict:
+        return {"node_id": self.node_id, "dataset": self.dataset, "inputs": [s.column for s in self.inputs],
+                "columns": list(self.columns), "late_key": self.late_key}
+
+
+# entering(op, rows) -> a boolean Column, true for every row, that publishes the state edges of
+# ``rows`` (a struct column: ``k<i>`` the state key and ``s<i>`` the rid struct of input i, ``late``
+# the watermark column's value) as a side effect.
+Entering = Callable[[StateOp, Column], Column]
+
+
+def _late_column(jvm: Jvm, grouping: list) -> tuple[Column | None, int | None]:
+    """The grouping column Spark drops late rows by (a window's end, or an event-time key), and its exprId."""
+    for expression in grouping:
+        if expression.getClass().getSimpleName() != "AttributeReference" or \
+                not expression.metadata().contains(WATERMARK_KEY):
+            continue
+        column = jvm.column(expression)
+        if expression.dataType().typeName() == "struct":
+            column = column.getField("end")
+        return column, expression.exprId().id()
+    return None, None
+
+
+def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: dict[str, TracedSource],
+                masks: dict[int, int], query: str | None, entering: Entering | None) -> tuple[object, list, StateOp]:
+    """The Aggregate with a state key column per input rid column, and the filter below it."""
+    child = jvm.dataframe(plan)
+    grouping = Jvm.items(original.groupingExpressions())
+    keys_of = [jvm.column(g) for g in grouping]
+    inputs = tuple(traced[a.name()] for a in attrs)
+    columns = tuple(f"{SOURCE_PREFIX}{node.id}_{s.node_id}" for s in inputs)
+    keys = [F.xxhash64(F.lit(rids.STATE), F.lit(query or ""), F.lit(node.id), F.lit(s.node_id), *keys_of)
+            for s in inputs]
+    late, late_key = _late_column(jvm, grouping)
+    op = StateOp(node.id, state_dataset("Aggregate", node.id), inputs, columns, tuple(masks.get(s.node_id, -1) for s in inputs),
+                 late_key)
+    if entering is not None:
+        fields = [k.alias(f"k{i}") for i, k in enumerate(keys)] + \
+            [F.col(a.name()).alias(f"s{i}") for i, a in enumerate(attrs)] + \
+            ([late.alias("late")] if late is not None else [])
+        plan = analyzed(child.where(entering(op, F.struct(*fields))))
+        child = jvm.dataframe(plan)
+    helper = analyzed(child.groupBy(*keys_of).agg(*[F.struct(k.alias("rid")).alias(c) for k, c in zip(keys, columns)]))
+    extra = Jvm.items(helper.aggregateExpressions())[-len(columns):]
+    new = jvm.aggregate(original, Jvm.items(original.aggregateExpressions()) + extra, plan)
+    for source, column in zip(inputs, columns):
+        traced[column] = TracedSource(source.node_id, column, "state", op.dataset, (), None)
+    return new, Jvm.items(new.output())[-len(extra):], op
+
+
 def aggregate(jvm: Jvm, original, plan, attrs: list):
     """The Aggregate plus, per source, the sorted list of its rows' rid structs (Smoke's rid arrays).
 
     Spark's own aggregation then decides which input rows an emitted group holds,
     across micro-batches and after late data is dropped, so the list is exact. Sorting
-    keeps a retried batch's output rids the same.
+    keeps a retried batch's output rids the same. Kept for aggregates whose groups merge
+    (session windows), where a group has no key to name a state node by.
     """
     extra, _ = _rid_lists(jvm, plan, attrs)
     new = jvm.aggregate(original, Jvm.items(original.aggregateExpressions()) + extra, plan)
     return new, Jvm.items(new.output())[-len(extra):] if extra else []
+
+
+def _merges_groups(aggregate) -> bool:
+    """Whether an aggregate's groups merge across batches (session windows): no key names such a group."""
+    return any(g.getClass().getSimpleName() == "AttributeReference" and g.metadata().contains("spark.sessionWindow")
+               for g in Jvm.items(aggregate.groupingExpressions()))
 
 
 def _rid_lists(jvm: Jvm, plan, attrs: list) -> tuple[list, object]:
@@ -242,6 +323,8 @@ class Threaded:
     inputs: list[TracedSource]  # those whose rows go into a black box
     black_boxes: list[BlackBox]
     user_columns: int  # how many of df's columns are the user's
+    state_ops: list[StateOp]  # stateful aggregates, whose groups are state nodes
+    read: list[TracedSource]  # every source the plan reads (black boxes included), wherever its rows go
 
 
 def black_box_source(jvm: Jvm, node: PlanNode, new_plan) -> tuple:
@@ -250,7 +333,7 @@ def black_box_source(jvm: Jvm, node: PlanNode, new_plan) -> tuple:
     helper = jvm.dataframe(new_plan).select("*", F.struct(F.lit(0).cast("long").alias("rid")).alias(name))
     plan = analyzed(helper)
     stateful = node.spark_class in STATEFUL_BLACK_BOXES
-    dataset = f"{node.spark_class}#{node.id}"
+    dataset = state_dataset(node.spark_class, node.id)
     return plan, Jvm.items(plan.output())[-1], TracedSource(node.id, name, "blackbox", dataset, (), None, stateful)
 
 
@@ -283,11 +366,14 @@ def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list):
 
 
 def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
-                black_boxes: frozenset[str] = frozenset(), query: str | None = None) -> Threaded:
+                black_boxes: frozenset[str] = frozenset(), query: str | None = None,
+                entering: Entering | None = None) -> Threaded:
     """Rebuild ``df``'s plan (of query ``query``) with rid columns threaded to its root.
 
     ``black_boxes`` names Spark plan classes (e.g. ``"GlobalLimit"``) to trace as black
     boxes besides those headwater always treats so (user code over pandas or state).
+    ``entering`` publishes the rows entering each stateful aggregate (``Entering``); without
+    it the plan computes state keys but publishes nothing of what enters.
     """
     keys = keys or {}
     clash = [c for c in df.columns if c in (RID_COLUMN, BLACK_BOX_MARKER) or c.startswith(SOURCE_PREFIX)]
@@ -295,8 +381,10 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
         raise ValueError(f"columns {clash} clash with headwater's own; rename them")
     jvm = Jvm(df.sparkSession)
     ir, jnodes = plan_ir(df)
-    traced: list[TracedSource] = []
+    masks = column_masks(ir)
+    traced: dict[str, TracedSource] = {}  # by rid column
     boxes: list[BlackBox] = []
+    state_ops: list[StateOp] = []
     branches: list[tuple] = []  # (black box node id, the plan of the rows going into it)
 
     def rewrite(node: PlanNode):
@@ -305,7 +393,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
         if node.kind == "Source":
             source_df = jvm.dataframe(original)
             column, spec = source_column(source_df, node, keys, query)
-            traced.append(spec)
+            traced[spec.column] = spec
             plan = analyzed(source_df.select("*", column))
             return plan, [Jvm.items(plan.output())[-1]]
         if node.kind == "BlackBox" or node.spark_class in black_boxes:
@@ -314,7 +402,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
             # The black box reads its children's own columns, as the user wrote it.
             children = [jvm.project(_user_attrs(plan, attrs), plan) for plan, attrs in rewritten]
             plan, attr, spec = black_box_source(jvm, node, jvm.with_children(original, children))
-            traced.append(spec)
+            traced[spec.column] = spec
             inputs = tuple(a.name() for _, attrs in rewritten for a in attrs)
             boxes.append(BlackBox(node.id, spec.column, spec.dataset, inputs, spec.stateful))
             return plan, [attr]
@@ -328,6 +416,10 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
         rewritten = [rewrite(child) for child in node.children]
         if node.kind == "Union":
             return union(jvm, original, node, rewritten)
+        if node.kind == "Aggregate" and node.streaming and rewritten[0][1] and not _merges_groups(original):
+            plan, attrs, op = state_nodes(jvm, original, node, *rewritten[0], traced, masks, query, entering)
+            state_ops.append(op)
+            return plan, attrs
         if node.kind == "Aggregate":
             return aggregate(jvm, original, *rewritten[0])
         if node.kind == "Join" and node.detail["join_type"] == "leftsemi":
@@ -353,7 +445,8 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
     reaching = {a.name() for a in rid_attrs}
     if branches:
         plan = _with_black_box_inputs(jvm, plan, rid_attrs, branches)
-    entering = {name for box in boxes for name in box.inputs}
-    sources = sorted((s for s in traced if s.column in reaching), key=lambda s: s.node_id)
-    inputs = sorted((s for s in traced if s.column in entering), key=lambda s: s.node_id)
-    return Threaded(jvm.dataframe(plan), ir, sources, inputs, boxes, len(df.columns))
+    into_boxes = {name for box in boxes for name in box.inputs}
+    sources = sorted((s for s in traced.values() if s.column in reaching), key=lambda s: (s.node_id, s.column))
+    inputs = sorted((s for s in traced.values() if s.column in into_boxes), key=lambda s: (s.node_id, s.column))
+    read = sorted((s for s in traced.values() if s.source != "state"), key=lambda s: s.node_id)
+    return Threaded(jvm.dataframe(plan), ir, sources, inputs, boxes, len(df.columns), state_ops, read)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from py4j.java_collections import ListConverter
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 
 from headwater.core.plan import PlanNode, RawNode, build
 
@@ -43,6 +43,10 @@ class Jvm:
     def dataframe(self, plan) -> DataFrame:
         jss = self.spark._jsparkSession
         return DataFrame(self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(jss, plan), self.spark)
+
+    def column(self, expression) -> Column:
+        """A Catalyst expression as a PySpark Column."""
+        return Column(self.jvm.org.apache.spark.sql.classic.ExpressionUtils.column(expression))
 
     def project(self, named_expressions: list, child):
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Project(self.seq(named_expressions), child)

@@ -42,6 +42,7 @@ from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
 from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
+from .state_nodes import PROPERTY, QUERY_ID_PROPERTY, Setting, entering_column, late_watermarks, run_of
 from .sinks import Sink, SinkSpec
 from .spark_plan import analyzed, optimized_records
 
@@ -186,9 +187,15 @@ class Tracer:
         if not df.isStreaming:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
-        threaded = thread_rids(df, keys, frozenset(black_boxes), name)
+        counts = self.spark.sparkContext.accumulator(Counts().zero(None), Counts())
+        entering = functools.partial(entering_column, query=name, target=self.publish_target(), counts=counts)
+        threaded = thread_rids(df, keys, frozenset(black_boxes), name, entering)
         fingerprint = plan_fingerprint(analyzed(df).toJSON(), places(threaded.ir))
-        return Traced(self, threaded, name, emit_rid, fingerprint, _optimized_plan(df, name))
+        return Traced(self, threaded, name, emit_rid, fingerprint, counts, _optimized_plan(df, name))
+
+    def publish_target(self) -> PublishTarget:
+        """Where the executors publish lineage."""
+        return PublishTarget(self.delivery_settings, self.config.edges_topic)
 
     def close(self) -> None:
         """Stop listening and flush the log; call it after the traced queries have stopped.
@@ -242,6 +249,7 @@ class Traced:
     name: str
     emit_rid: bool
     fingerprint: str  # of the user's plan, equal across runs of the same code
+    counts: object  # what the executors published for it, and their time on it (``publish.Counts``)
     optimized: list | None = None  # the user's optimized plan records (``spark_plan.optimized_records``)
 
     @property
@@ -276,11 +284,11 @@ class BatchHook:
         threaded = traced.threaded
         self.masks = column_masks(threaded.ir)
         config = traced.tracer.config
-        self.target = PublishTarget(traced.tracer.delivery_settings, config.edges_topic)
+        self.target = traced.tracer.publish_target()
         self.budget = OverheadBudget(config.overhead_budget)
         self.log_only = config.capture == LOG_ONLY  # the operator turned edges off, the log stays
         context = traced.tracer.spark.sparkContext
-        self.counts = context.accumulator(Counts().zero(None), Counts())
+        self.counts = traced.counts
         self.parallelism = max(1, context.defaultParallelism)
         self._kept_schema = None  # of the sink's rows with their rid, once known
         # Everything below is the same for every batch: built once, so a batch costs
@@ -362,6 +370,10 @@ class BatchHook:
         # what it holds, and the lineage is published again (rids and edges are idempotent).
         written = latest == batch_id
         fused = capture and self.fusable and self.sink.reads_every_row and not written
+        context = batch_df.sparkSession.sparkContext
+        run = run_of(batch_df.sparkSession)
+        if capture:  # what the tasks feeding stateful aggregates need to publish their state edges
+            context.setLocalProperty(PROPERTY, self._setting(batch_df, batch_id, run, plan).to_json())
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
@@ -370,25 +382,28 @@ class BatchHook:
             out = out.persist()
         stats: dict = {}
         publishing = 0.0
+        before = list(self.counts.value)
         try:
             if fused:
-                stats, publishing = self._write_through(out, batch_id, plan)
+                self._write_through(out, batch_id, plan, run)
             elif not written:
                 self.sink.write(out.select(*self._named), batch_id)
             if capture and not fused:
                 publish_started = time.monotonic()
-                context = batch_df.sparkSession.sparkContext
                 context.setLocalProperty(CAPTURE_PROPERTY, "publish")
                 try:
-                    stats = self._capture(frame, out, batch_id, plan)
+                    stats = self._capture(frame, out, batch_id, plan, run)
                 finally:
                     context.setLocalProperty(CAPTURE_PROPERTY, None)
                 publishing = time.monotonic() - publish_started
         finally:
+            context.setLocalProperty(PROPERTY, None)
             if capture and not fused:
                 out.unpersist()
             if capture and boxes:
                 frame.unpersist()
+        if capture:
+            publishing += self._executors(stats, before, fused)
         status = self._status(plan, stats)
         rest = time.monotonic() - started - publishing
         if not self.log_only:
@@ -450,28 +465,52 @@ class BatchHook:
                      self.traced.name, exc_info=True)
             return False
 
-    def _write_through(self, out: DataFrame, batch_id: int, plan: Plan) -> tuple[dict, float]:
-        """Write the sink with lineage published by the same tasks; returns (counts, capture seconds).
-
-        The capture seconds are the tasks' time on lineage spread over the cores that ran them.
-        """
+    def _write_through(self, out: DataFrame, batch_id: int, plan: Plan, run: int | None) -> None:
+        """Write the sink with lineage published by the same tasks (their counts go to ``counts``)."""
         threaded = self.traced.threaded
-        ctx = self._context(batch_id, threaded.ir.id, self._edges_from(threaded.sources, batch_id))
+        ctx = self._context(batch_id, threaded.ir.id, self._edges_from(threaded.sources, batch_id), run=run)
         fn = functools.partial(publish_through, ctx=ctx, target=self.target, keep=self.keep,
                                fraction=plan.fraction if plan.level == SAMPLED else None, counts=self.counts)
         if self._kept_schema is None:
             self._kept_schema = out.select(*self._keep_columns).schema
         inputs = out.select(*self._rid_inputs)
-        before = list(self.counts.value)
         self.sink.write(inputs.mapInArrow(fn, self._kept_schema).select(*self._named), batch_id)
+
+    def _executors(self, stats: dict, before: list, fused: bool) -> float:
+        """Add what the executors counted since ``before`` (lineage written through the sink, state edges
+        published by the tasks feeding aggregates) to ``stats``; returns their capture seconds, their
+        time on lineage spread over the cores that ran them."""
         delta = [after - was for after, was in zip(self.counts.value, before)]
-        stats = dict(zip(STATS, delta))
-        stats["rows_out"] = stats.pop("rows")
+        counted = dict(zip(STATS, delta))
+        rows = counted.pop("rows")
+        if fused:
+            stats["rows_out"] = rows
+        self._add(stats, counted)
         task_ms, failed = delta[len(STATS)], delta[len(STATS) + 1]
         if failed:
             stats["error"] = f"lineage failed in {failed} task(s); see the executors' logs"
         metrics.TASK_SECONDS.labels(self.traced.name).inc(task_ms / 1000)
-        return stats, task_ms / 1000 / self.parallelism
+        return task_ms / 1000 / self.parallelism
+
+    def _setting(self, batch_df: DataFrame, batch_id: int, run: int | None, plan: Plan) -> Setting:
+        """The batch's setting for the tasks that publish state edges (``state_nodes.Setting``)."""
+        ops = self.traced.threaded.state_ops
+        late = {}
+        if ops and run is not None:
+            try:  # Spark's plan of this micro-batch, with its watermarks (the hook's DataFrame only scans its rows)
+                late = late_watermarks(self._execution(batch_df), ops)
+            except Exception:  # the tasks then publish no state edges of aggregates that drop late rows
+                log.exception("the watermarks of %s's aggregates are not known for batch %s", self.traced.name,
+                              batch_id)
+        return Setting(batch_id, run, plan.fraction if plan.level == SAMPLED else None, late)
+
+    def _execution(self, batch_df: DataFrame):
+        """The ``IncrementalExecution`` of the micro-batch the hook is called with, from the query running it."""
+        query_id = batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        query = self.traced.tracer.spark.streams.get(query_id) if query_id else None
+        if query is None:
+            raise LookupError(f"streaming query {query_id} is not active in the traced session")
+        return query._jsq.streamingQuery().lastExecution()
 
     @staticmethod
     def _status(plan: Plan, stats: dict) -> str:
@@ -482,13 +521,13 @@ class BatchHook:
             return "failed"
         return FULL if plan.level == FULL else SAMPLED
 
-    def _capture(self, frame: DataFrame, out: DataFrame, batch_id: int, plan: Plan) -> dict:
+    def _capture(self, frame: DataFrame, out: DataFrame, batch_id: int, plan: Plan, run: int | None) -> dict:
         """Publish the batch's lineage (all of it, or the sampled rows' edges); returns the counts."""
         threaded = self.traced.threaded
         if plan.level == SAMPLED:
             out = out.where(_sampled(F.col(RID_COLUMN), plan.fraction))
         stats = self._publish(out, self._context(batch_id, threaded.ir.id,
-                                                 self._edges_from(threaded.sources, batch_id)))
+                                                 self._edges_from(threaded.sources, batch_id), run=run))
         # Counted by the publishing job itself: no job of its own.
         stats["rows_out"] = stats.pop("rows", None)
         if plan.level == SAMPLED:
@@ -500,7 +539,7 @@ class BatchHook:
             # What enters a black box reaches the sink's columns it feeds.
             sources = self._edges_from([inputs[c] for c in box.inputs], batch_id, self.masks.get(box.node_id, -1))
             ctx = self._context(batch_id, box.node_id, sources, dst_kind="state", dst_dataset=box.dataset,
-                                exact=False)
+                                exact=False, run=run)
             entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id)
             if plan.level == SAMPLED:  # by the entering row's own rid: the state node is one per batch
                 entering = entering.where(_sampled(F.col(f"{box.inputs[0]}.rid"), plan.fraction))

@@ -149,8 +149,8 @@ class TracedWriter:
             LOG_PLAN, query=traced.name, sink=spec.describe(), sink_guarantee=hook.sink.guarantee, ir=ir.to_dict(),
             fingerprint=traced.fingerprint, previous_fingerprint=previous, from_batch=from_batch,
             changed=previous is not None and previous != traced.fingerprint,
-            sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)}
-                     for s in traced.threaded.sources + traced.threaded.inputs],
+            sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)} for s in traced.threaded.read],
+            state=[op.to_dict() for op in traced.threaded.state_ops],
             output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
         )
         query = traced.tracer.start_query(writer, traced.name)

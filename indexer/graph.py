@@ -57,6 +57,10 @@ BATCH_FIELDS = (
     "MATCH (b:Batch {query: p.query, batch: p.batch}) "
     "RETURN b.query AS query, b.batch AS batch, b.status AS status, b.at AS at"
 )
+BATCHES_BETWEEN = (
+    "MATCH (b:Batch {query: $query}) WHERE b.batch >= $first AND b.batch <= $last "
+    "RETURN b.batch AS batch, b.status AS status"
+)
 
 CHUNK = 5000  # rows per statement
 
@@ -129,6 +133,14 @@ def batch_statuses(graph, pairs: Iterable[tuple[str, int]], database: str | None
     where the batch has no node or no status (only its progress was logged).
     """
     return {pair: fields["status"] for pair, fields in batch_fields(graph, pairs, database).items()}
+
+
+def batches_between(graph, query: str, first: int, last: int, database: str | None = None) -> dict:
+    """The capture status of every batch of ``query`` from ``first`` to ``last`` that has a ``(:Batch)``
+    node: ``{(query, batch): status | None}``."""
+    with graph.session(database=database) as session:
+        return {(query, row["batch"]): row["status"]
+                for row in session.run(BATCHES_BETWEEN, {"query": query, "first": first, "last": last})}
 
 
 def batch_fields(graph, pairs: Iterable[tuple[str, int]], database: str | None = None) -> dict:

@@ -39,7 +39,7 @@ from headwater.adapters.graph import GraphUnavailable
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
-from headwater.core.plan import location_key
+from headwater.core.plan import accumulates, location_key
 
 from .address import parse_source
 from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
@@ -263,7 +263,13 @@ class LineageClient:
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
                                        deadline, window.outside(backend))
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
-        return self._answer(backend, rid, found, [(walked, records, backward)], payload)
+        answer = self._answer(backend, rid, found, [(walked, records, backward)], payload)
+        if not backward and not found and records.get(rid, {}).get("kind") == "source":
+            # Into a group's state that has emitted nothing yet (a window not closed): read, and waiting.
+            with self._inferring:
+                read = self._fallbacks()[1].find(rid, deadline, captured=True)
+            answer.read_by = read.gaps if read is not None else []
+        return answer
 
     def _never_read(self, row: int | str, rid: int, unknown: UnknownRow) -> str:
         """Why no store holds the row and no batch the log records read it, as precisely as ``row`` allows."""
@@ -346,6 +352,7 @@ class LineageClient:
     def _answer(self, backend: WalkingBackend, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
         crossed = set().union(*(walked.crossed for walked, _, _ in legs))
         statuses = backend.batch_statuses(sorted(crossed)) if crossed else {}
+        statuses.update(_through_state(backend, legs))
         gaps = [Gap(query, batch, status) for (query, batch), status in sorted(statuses.items())
                 if status != "full"]
         unexplained = {}
@@ -358,3 +365,28 @@ class LineageClient:
         if payload:
             found = self.with_payload(found, backend)
         return Answer(rid, found, gaps, [unexplained[r] for r in sorted(unexplained)])
+
+
+FOREVER = (1 << 63) - 1  # the last batch of a range that has no end
+
+
+def _through_state(backend: WalkingBackend, legs: list) -> dict[tuple[str, int], str | None]:
+    """The batches a walk went through by way of state nodes that gather rows across batches, each with
+    its capture status: backward from a state node reached by an output of batch b, every batch up to b
+    (a row may have entered its group in any of them: one not captured published no edge into it);
+    forward from one reached by an input of batch b, every batch from b on (one not captured published no
+    edge out of it)."""
+    spans: dict[tuple[str, bool], int] = {}  # (query, backward) -> the widest bound
+    for walked, records, backward in legs:
+        for row, moments in walked.moments.items():
+            record = records.get(row, {})
+            if record.get("kind") != "state" or not accumulates(record.get("dataset")):
+                continue
+            for query, batch in moments:
+                held = spans.get((query, backward))
+                spans[(query, backward)] = batch if held is None else max(held, batch) if backward else min(held, batch)
+    statuses: dict[tuple[str, int], str | None] = {}
+    for (query, backward), bound in spans.items():
+        statuses.update(backend.batches_between(query, 0, bound) if backward else
+                        backend.batches_between(query, bound, FOREVER))
+    return statuses

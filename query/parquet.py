@@ -94,6 +94,10 @@ class _ParquetBackend(WalkingBackend):
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         return self.log.refresh().statuses(pairs)
 
+    def batches_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
+        log = self.log.refresh()
+        return log.statuses((query, b) for b in log.batches(query) if first <= b <= last)
+
     def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
         self.log.refresh()
         return {pair: (self.log.batch(*pair) or {}).get("at") for pair in pairs}

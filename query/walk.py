@@ -19,6 +19,17 @@ exact (and the first N of a union of sorted sets are the first N of the union of
 one's first N). ``walk`` takes a ``step`` function giving the edges adjacent to a
 frontier; the backends differ only in how they find them.
 
+Time: a row is reached at a moment, the batch of the edge that reached it, and a step
+from it walks only the edges of its query on the right side of that moment: backward, of
+batches at or before it; forward, at or after it. Within one batch this changes nothing;
+across batches it is what makes state nodes exact (DESIGN §2): a state node gathers the
+rows entering its group in every batch, tagged with the batch they entered, and links to
+each row it emits, tagged with the batch it emitted it, so an output emitted in batch 9
+derives from the inputs of batches up to 9 only, and an input of batch 3 reaches the
+outputs emitted from batch 3 on. A row reached at several moments is walked once per
+moment, so every aggregate below stays per path. ``Walk.moments`` keeps the moments each
+row was walked from, for the answer's gaps (``api``).
+
 Attribute level: ``cols`` (a mask of the asked row's columns) keeps, backward, only the
 paths whose most downstream edge feeds one of those columns. Forward, the same
 question is a filter on each answer row's ``cols`` (``Walk.found``'s masks already are
@@ -77,6 +88,8 @@ class Walk:
     found: dict[int, Reach]
     crossed: set[tuple[str, int]]  # (query, batch) of every edge walked
     ends: set[int]  # rows reached (or asked about) before the depth ran out that have no edge onward
+    # Rows walked on from, and the moments ((query, batch) of the edge that reached them) they were walked from.
+    moments: dict[int, set[tuple[str, int]]] = field(default_factory=dict)
 
 
 # step(frontier rids) -> the edges with their dst (backward) or src (forward) in the frontier
@@ -85,6 +98,13 @@ Step = Callable[[list[int]], pa.Table]
 
 # outside(pairs) -> those of the (query, batch) pairs whose edges the walk must not take
 Outside = Callable[[set[tuple[str, int]]], set[tuple[str, int]]]
+
+
+def _within(moment, query: str, batch: int, backward: bool) -> bool:
+    """Whether an edge of ``(query, batch)`` may be walked from a row reached at ``moment``."""
+    if moment is None or moment[0] != query:
+        return True
+    return batch <= moment[1] if backward else batch >= moment[1]
 
 
 def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | None = None, paths: int = 0,
@@ -100,41 +120,49 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
     found: dict[int, Reach] = {}
     crossed: set[tuple[str, int]] = set()
     ends: set[int] = set()
-    level: dict[int, Reach | None] = dict.fromkeys(starts)  # None: a row asked about (no path yet)
+    moments: dict[int, set[tuple[str, int]]] = {}
+    # Per row of the frontier, per moment it was reached at, the aggregate of the paths there (None: asked about).
+    level: dict[int, dict] = {row: {None: None} for row in starts}
     near, far = ("dst", "src") if backward else ("src", "dst")
     for _ in range(depth):
+        for row, at_moments in level.items():
+            moments.setdefault(row, set()).update(m for m in at_moments if m is not None)
         edges = step(list(level))
-        nxt: dict[int, Reach] = {}
+        nxt: dict[tuple, Reach] = {}  # by (row, moment)
         touched: set[int] = set()  # frontier rows with edges onward (whether or not the columns keep them)
         columns = [edges[c].to_pylist() for c in (near, far, "query", "op", "batch", "exact", "cols")]
         skipped = outside(set(zip(columns[2], columns[4]))) if outside is not None and edges.num_rows else set()
         for at, to, query, op, batch, exact, mask in zip(*columns):
-            before = level.get(at, False)
-            if before is False:
+            reached = level.get(at)
+            if reached is None:
                 continue  # an edge of the same set, not of the frontier
-            touched.add(at)
-            if (query, batch) in skipped:
-                continue  # a batch outside the time window
-            if before is None and backward and cols is not None and not mask & cols:
-                continue  # feeds none of the asked columns
-            crossed.add((query, batch))
-            # The most downstream edge's mask: backward, the first edge walked; forward, the last.
-            reach = Reach(mask if before is None or not backward else before.cols, exact, {op}, {batch})
-            if before is not None:
-                reach.exact = reach.exact and before.exact
-                reach.ops |= before.ops
-                reach.batches |= before.batches
-            if paths:
-                hop = (query, batch, op)
-                reach.paths = ({(hop,)} if before is None else
-                               {(hop,) + p for p in before.paths} if backward else {p + (hop,) for p in before.paths})
-                reach.paths_cut = before is not None and before.paths_cut
-            if to in nxt:
-                nxt[to].merge(reach, paths)
-            else:
-                nxt[to] = reach
+            for moment, before in reached.items():
+                if not _within(moment, query, batch, backward):
+                    continue  # a state node's edge of another time than the path's
+                touched.add(at)
+                if (query, batch) in skipped:
+                    continue  # a batch outside the time window
+                if before is None and backward and cols is not None and not mask & cols:
+                    continue  # feeds none of the asked columns
+                crossed.add((query, batch))
+                # The most downstream edge's mask: backward, the first edge walked; forward, the last.
+                reach = Reach(mask if before is None or not backward else before.cols, exact, {op}, {batch})
+                if before is not None:
+                    reach.exact = reach.exact and before.exact
+                    reach.ops |= before.ops
+                    reach.batches |= before.batches
+                if paths:
+                    hop = (query, batch, op)
+                    reach.paths = ({(hop,)} if before is None else {(hop,) + p for p in before.paths} if backward
+                                   else {p + (hop,) for p in before.paths})
+                    reach.paths_cut = before is not None and before.paths_cut
+                key = (to, (query, batch))
+                if key in nxt:
+                    nxt[key].merge(reach, paths)
+                else:
+                    nxt[key] = reach
         ends |= set(level) - touched
-        for row, reach in nxt.items():
+        for (row, _), reach in nxt.items():
             if row in found:
                 found[row].merge(reach.copy(), paths)
             else:
@@ -147,8 +175,10 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
                                "target, or columns")
         if not nxt:
             break
-        level = dict(nxt)
-    return Walk(found, crossed, ends)
+        level = {}
+        for (row, moment), reach in nxt.items():
+            level.setdefault(row, {})[moment] = reach
+    return Walk(found, crossed, ends, moments)
 
 
 def is_target(to: str, kind: str | None, dataset: str | None) -> bool:

@@ -50,6 +50,18 @@ STATEFUL_BLACK_BOXES = {
     "TransformWithStateInPySpark",
 }
 
+
+def state_dataset(spark_class: str, node_id: int) -> str:
+    """The dataset of a stateful operator's or black box's state nodes: ``<Spark class>#<plan node id>``."""
+    return f"{spark_class}#{node_id}"
+
+
+def accumulates(dataset: str | None) -> bool:
+    """Whether the state nodes of ``dataset`` gather rows across micro-batches (an aggregate's groups,
+    a stateful black box), so an output they emit in batch b may derive from any earlier batch's rows."""
+    return dataset is not None and dataset.split("#", 1)[0] in STATEFUL_BLACK_BOXES | {"Aggregate"}
+
+
 # Source kinds, recognised by the columns a source produces.
 KAFKA_COLUMNS = ("topic", "partition", "offset")
 RATE_COLUMNS = ("timestamp", "value")

@@ -355,3 +355,50 @@ def state_rid(query: str, op: int, batch: int | None = None) -> int:
     The user's foreachBatch code is the black box ``FOREACH_BATCH_OP``, one node per batch.
     """
     return spark_xxhash64(STATE, query, Int(op), batch)
+
+
+# A stateful operator's state nodes (an aggregate's groups) are named by the query, the
+# operator, the input they gather and the group's key values: Spark's
+# ``xxhash64(STATE, query, op, input, key values…)``, computed in the plan (the state key),
+# then tied to the run, the checkpoint's query id, so a new checkpoint under the same
+# query name starts new nodes while a restart from the checkpoint continues them.
+
+
+def run_hash(query_id: str) -> int:
+    """The run a state node belongs to: Spark's query id, which its checkpoint keeps across restarts."""
+    return spark_xxhash64(STATE, query_id)
+
+
+def state_node_rid(key: int, run: int) -> int:
+    """The rid of the state node with state key ``key`` (as the plan computes it) in run ``run``."""
+    return spark_xxhash64(key, run)
+
+
+def state_node_rids(keys, run: int):
+    """``state_node_rid`` of each of ``keys`` (a numpy int64 array), vectorised."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        first = _xxh64_longs(keys.astype(np.int64).view(np.uint64), np.uint64(SPARK_SEED))
+        second = _xxh64_longs(np.full(len(keys), run, dtype=np.int64).view(np.uint64), first)
+    return second.view(np.int64)
+
+
+def _xxh64_longs(values, seeds):
+    """XXH64 of each 8-byte little-endian value with its seed (numpy uint64 arrays; wraps around)."""
+    import numpy as np
+
+    u = np.uint64
+
+    def rotl(x, r):
+        return (x << u(r)) | (x >> u(64 - r))
+
+    h = seeds + u(_P5) + u(8)
+    k = rotl(values * u(_P2), 31) * u(_P1)
+    h = h ^ k
+    h = rotl(h, 27) * u(_P1) + u(_P4)
+    h = h ^ (h >> u(33))
+    h = h * u(_P2)
+    h = h ^ (h >> u(29))
+    h = h * u(_P3)
+    return h ^ (h >> u(32))
