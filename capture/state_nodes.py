@@ -36,7 +36,7 @@ from .lineage import BatchContext, SourceEdges
 from .publish import STATS, PublishTarget, _Task, sampled
 from .rewrite import StateOp
 
-PROPERTY = "headwater.capture"  # the per-batch setting (``Setting``), as JSON
+PROPERTY = "headwater.state_edges"  # the per-batch setting (``Setting``), as JSON
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # Spark's: the streaming query a job belongs to
 
 log = logging.getLogger("headwater.capture")
