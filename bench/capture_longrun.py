@@ -12,7 +12,8 @@ batch), traced and untraced:
 
 Per batch it records the edges and payload bytes capture published (its batch log
 record), Spark's state rows and memory (``stateOperators`` of the query progress, summed
-over operators) and the batch's duration; one JSON line per shape and mode. Growth is the
+over operators) and the batch's duration (and its ``addBatch`` part, and capture's own seconds
+from the batch log); one JSON line per shape and mode. Growth is the
 median of the last 20 batches over the median of batches 20 to 40. The last line is one
 JSON object: ``edges_growth`` and ``state_bytes_growth`` (worst shape, traced),
 ``state_bytes_growth_untraced`` (worst shape), ``duration_ratio_last`` (traced over
@@ -125,6 +126,7 @@ def run(spark, config, workdir: Path, shape: str, traced: bool, args) -> list[di
         operators = p.stateOperators
         record = logged.get(batch, {})
         rows.append({"batch": batch, "duration_ms": p.durationMs["triggerExecution"],
+                     "add_batch_ms": p.durationMs.get("addBatch"), "capture_s": record.get("capture_seconds"),
                      "state_rows": sum(o.numRowsTotal for o in operators),
                      "state_bytes": sum(o.memoryUsedBytes for o in operators),
                      "edges": record.get("edges"), "bytes": record.get("bytes"), "status": record.get("status")})

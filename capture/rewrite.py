@@ -218,8 +218,8 @@ def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: d
     keys = [F.xxhash64(F.lit(rids.STATE), F.lit(query or ""), F.lit(node.id), F.lit(s.node_id), *keys_of)
             for s in inputs]
     late, late_key = _late_column(jvm, grouping)
-    op = StateOp(node.id, state_dataset("Aggregate", node.id), inputs, columns, tuple(masks.get(s.node_id, -1) for s in inputs),
-                 late_key)
+    op = StateOp(node.id, state_dataset("Aggregate", node.id), inputs, columns,
+                 tuple(masks.get(s.node_id, -1) for s in inputs), late_key)
     if entering is not None:
         fields = [k.alias(f"k{i}") for i, k in enumerate(keys)] + \
             [F.col(a.name()).alias(f"s{i}") for i, a in enumerate(attrs)] + \

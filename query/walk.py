@@ -126,7 +126,8 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
     near, far = ("dst", "src") if backward else ("src", "dst")
     for _ in range(depth):
         for row, at_moments in level.items():
-            moments.setdefault(row, set()).update(m for m in at_moments if m is not None)
+            if any(m is not None for m in at_moments):
+                moments.setdefault(row, set()).update(m for m in at_moments if m is not None)
         edges = step(list(level))
         nxt: dict[tuple, Reach] = {}  # by (row, moment)
         touched: set[int] = set()  # frontier rows with edges onward (whether or not the columns keep them)

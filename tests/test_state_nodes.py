@@ -2,20 +2,21 @@
 with late data, a restart from the checkpoint and a retried batch, against a brute-force oracle.
 
 The oracle replays Spark's micro-batch semantics in plain Python from which batch read each
-Kafka record (Spark's progress): the watermark of batch b is the latest event time of the
-batches before it less the delay; a row whose window ends at or before it is late and
-dropped (Spark drops by the previous batch's watermark); every group a batch puts a row into is emitted in update mode, holding every row
-it got so far. Output rows (each with the ids Spark aggregated, and the batch that wrote
-it, from capture's batch log) must be exactly the oracle's, so the oracle is Spark's; then
-the backward lineage of every output row must be exactly its group's rows up to that
-batch, the forward lineage of every input the outputs of its groups from its batch on, and
+Kafka record (Spark's progress): batch x drops as late the rows of windows ending at or before
+the previous batch's watermark (the latest event time of the batches before x - 1, less the
+delay); every group a batch puts a row into is emitted in update mode, holding every row it
+got so far. Output rows (each with the ids Spark aggregated, and the batch that wrote it,
+from capture's batch log) must be exactly the oracle's, so the oracle is Spark's; then the
+backward lineage of every output row must be exactly its group's rows up to that batch, the
+forward lineage of every input the outputs of its groups from its batch on, and
 each batch must publish exactly one edge per row entering a group plus one per row
 emitted: work proportional to the batch's new rows, however old the stream.
 
 The stream runs three times on one checkpoint: the first half, then the second half with a
 fault after the sink write of one batch (so Spark runs it again), then again from the
-checkpoint. The state nodes of the second run must be the first's, and the retried batch's
-edges the same as its first attempt's.
+checkpoint. The state nodes of the second run must be the first's (the lineage of an output
+of the second half reaches rows of the first), and the retried batch, published twice, must
+publish the same edges both times.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
 from headwater.capture.sinks.spark_sinks import FileSink
 from headwater.core.rid import kafka_rid
-from headwater.core.schema import LOG_BATCH
+from headwater.core.schema import LOG_BATCH, decode_lineage
 from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
 
@@ -134,6 +135,18 @@ def read_all(query, last_offset: int, topic: str) -> None:
     assert query.exception() is None, query.exception()
 
 
+def edges_published(config) -> list[tuple[bytes, dict]]:
+    """Every edge on the config's edges topic, with the key of the message that held it."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        return [(m.key, edge) for m in consumer for edge in decode_lineage(m.value)[1].to_pylist()]
+    finally:
+        consumer.close()
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tmp_path, shape):
     config, tag = own_topics(stack_config, "sn")
@@ -210,6 +223,11 @@ def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tm
     for batch, count in entering.items():
         assert logged[batch]["status"] == "full"
         assert logged[batch]["edges"] == count + emitted_in[batch], batch
+
+    # The retried batch published twice (its first attempt's write completed), the same edges both times.
+    published = [e for key, e in edges_published(config) if key == f"{name}/{FAULT_BATCH}".encode()]
+    distinct = {tuple(row.values()) for row in published}
+    assert len(distinct) == entering[FAULT_BATCH] + emitted_in[FAULT_BATCH] < len(published)
 
     outputs_of: dict[int, set[int]] = defaultdict(set)
     with LineageClient(config) as client:
