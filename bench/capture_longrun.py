@@ -1,6 +1,6 @@
 """Capture's cost against the age of a stream: does the work per batch stay flat?
 
-Four stateful shapes run for ``--batches`` micro-batches each at a constant input rate
+Stateful shapes run for ``--batches`` micro-batches each at a constant input rate
 (``rate-micro-batch``: ``--rows-per-batch`` rows a batch, event time moving one minute a
 batch), traced and untraced:
 
@@ -8,7 +8,12 @@ batch), traced and untraced:
 - ``sliding_window``: a one-hour window sliding every ten minutes per region (eight
   regions), ten-minute watermark, update mode: windows close and leave the state;
 - ``global_complete``: one count over everything, complete mode;
-- ``stream_join``: two streams joined within ten minutes of event time (watermarks), append.
+- ``stream_join``: two streams joined within ten minutes of event time (watermarks), append;
+
+and with ``--shapes``, the rest of the stateful operators' audit:
+
+- ``dedup``: dropDuplicates by key and minute, ten-minute watermark, half of each batch dropped;
+- ``stateful_black_box``: applyInPandasWithState keeping a running count per key, update mode.
 
 Per batch it records the edges and payload bytes capture published (its batch log
 record), Spark's state rows and memory (``stateOperators`` of the query progress, summed
@@ -36,6 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capture_overhead import bench_stack  # noqa: E402
 
 SHAPES = ("keyed_update", "sliding_window", "global_complete", "stream_join")
+# The rest of the stateful operators' audit, run with ``--shapes``: rows a batch keep or drop by a
+# key seen before (state: keys), and a stateful black box keeping a running count per key.
+MORE_SHAPES = ("dedup", "stateful_black_box")
 MINUTE_MS = 60_000
 
 
@@ -56,6 +64,22 @@ def shape_query(spark, shape: str, rows_per_batch: int, keys: int):
             .agg(F.count("*").alias("n"), F.sum("value").alias("total")), "update"
     if shape == "global_complete":
         return rate().groupBy().agg(F.count("*").alias("n")), "complete"
+    if shape == "dedup":  # each batch (one minute) keeps one row of each pair of rows with the same key
+        return rate().select((F.col("value") % (rows_per_batch // 2)).alias("k"), "value",
+                             F.date_trunc("minute", "timestamp").alias("minute")) \
+            .withWatermark("minute", "10 minutes").dropDuplicates(["k", "minute"]), "append"
+    if shape == "stateful_black_box":
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        def running_count(key, frames, state):
+            import pandas as pd
+
+            n = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
+            state.update((n,))
+            yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+        return rate().select((F.col("value") % keys).alias("k")).groupBy("k").applyInPandasWithState(
+            running_count, "k long, n long", "n long", "update", GroupStateTimeout.NoTimeout), "update"
     left = rate().select(F.col("value").alias("order_id"), F.col("timestamp").alias("ordered_at")) \
         .withWatermark("ordered_at", "10 minutes")
     right = rate().where(F.col("value") % 2 == 0) \
@@ -148,7 +172,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--rows-per-batch", type=int, default=200)
     parser.add_argument("--keys", type=int, default=300)
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"any of {', '.join(SHAPES + MORE_SHAPES)}")
     args = parser.parse_args(argv)
     if args.batches < 60:
         parser.error("--batches must be at least 60: growth compares the last 20 batches with batches 20 to 40")

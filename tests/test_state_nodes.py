@@ -8,8 +8,9 @@ delay); every group a batch puts a row into is emitted in update mode, holding e
 got so far. Output rows (each with the ids Spark aggregated, and the batch that wrote it,
 from capture's batch log) must be exactly the oracle's, so the oracle is Spark's; then the
 backward lineage of every output row must be exactly its group's rows up to that batch, the
-forward lineage of every input the outputs of its groups from its batch on, and
-each batch must publish exactly one edge per row entering a group plus one per row
+forward lineage of every input the outputs of its groups from its batch on (on the graph,
+and for a sample on both Parquet backends; co-contributors for a sample too), and each batch
+must publish exactly one edge per row entering a group plus one per row
 emitted: work proportional to the batch's new rows, however old the stream.
 
 The stream runs three times on one checkpoint: the first half, then the second half with a
@@ -241,3 +242,17 @@ def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tm
             answer = client.forward(kafka_rid(*coordinates[row["id"]][1:]))
             assert {x.rid for x in answer} == outputs_of.get(row["id"], set()), row
             assert answer.complete
+        # Co-contributors: the rows of every emission the row went into, up to that emission.
+        ids_of = {rid_of[key]: ids for key, ids in emitted.items()}
+        for row in [r for r in rows if r["id"] in outputs_of][::7]:
+            together = {i for out in outputs_of.get(row["id"], ()) for i in ids_of[out]} - {row["id"]}
+            answer = client.co_contributors(kafka_rid(*coordinates[row["id"]][1:]))
+            assert {as_input(x) for x in answer} == {coordinates[i] for i in together}, row
+    # The Parquet store's backends walk the same state nodes alike.
+    for backend in ("csprov", "rq"):
+        with LineageClient(config, backend=backend) as client:
+            for key in sorted(emitted, key=str)[::9]:
+                assert {as_input(x) for x in client.backward(rid_of[key])} == {coordinates[i] for i in emitted[key]}
+            for row in rows[::11]:
+                answer = client.forward(kafka_rid(*coordinates[row["id"]][1:]))
+                assert {x.rid for x in answer} == outputs_of.get(row["id"], set()), (backend, row)
