@@ -138,6 +138,10 @@ def run(spark, config, workdir: Path, shape: str, traced: bool, args) -> list[di
                         progress[p.batchId] = p
                 time.sleep(0.5)
         finally:
+            # Between triggers: a query stopped mid-trigger may fail to stop cleanly.
+            deadline = time.monotonic() + 30
+            while query.status["isTriggerActive"] and time.monotonic() < deadline:
+                time.sleep(0.01)
             query.stop()
         print(f"{name}: {args.batches} batches in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     finally:
