@@ -57,8 +57,9 @@ BATCH_FIELDS = (
     "MATCH (b:Batch {query: p.query, batch: p.batch}) "
     "RETURN b.query AS query, b.batch AS batch, b.status AS status, b.at AS at"
 )
-BATCHES_BETWEEN = (
+GAPS_BETWEEN = (
     "MATCH (b:Batch {query: $query}) WHERE b.batch >= $first AND b.batch <= $last "
+    "AND (b.status IS NULL OR b.status <> 'full') "
     "RETURN b.batch AS batch, b.status AS status"
 )
 
@@ -135,12 +136,13 @@ def batch_statuses(graph, pairs: Iterable[tuple[str, int]], database: str | None
     return {pair: fields["status"] for pair, fields in batch_fields(graph, pairs, database).items()}
 
 
-def batches_between(graph, query: str, first: int, last: int, database: str | None = None) -> dict:
+def gaps_between(graph, query: str, first: int, last: int, database: str | None = None) -> dict:
     """The capture status of every batch of ``query`` from ``first`` to ``last`` that has a ``(:Batch)``
-    node: ``{(query, batch): status | None}``."""
+    node and is not fully captured: ``{(query, batch): status | None}`` (a stream's full batches, which a
+    long stream has by the hundred thousand, are not read)."""
     with graph.session(database=database) as session:
         return {(query, row["batch"]): row["status"]
-                for row in session.run(BATCHES_BETWEEN, {"query": query, "first": first, "last": last})}
+                for row in session.run(GAPS_BETWEEN, {"query": query, "first": first, "last": last})}
 
 
 def batch_fields(graph, pairs: Iterable[tuple[str, int]], database: str | None = None) -> dict:

@@ -371,8 +371,8 @@ FOREVER = (1 << 63) - 1  # the last batch of a range that has no end
 
 
 def _through_state(backend: WalkingBackend, legs: list) -> dict[tuple[str, int], str | None]:
-    """The batches a walk went through by way of state nodes that gather rows across batches, each with
-    its capture status: backward from a state node reached by an output of batch b, every batch up to b
+    """The batches not fully captured a walk went through by way of state nodes that gather rows across
+    batches, each with its capture status: backward from a state node reached by an output of batch b, every batch up to b
     (a row may have entered its group in any of them: one not captured published no edge into it);
     forward from one reached by an input of batch b, every batch from b on (one not captured published no
     edge out of it)."""
@@ -384,9 +384,10 @@ def _through_state(backend: WalkingBackend, legs: list) -> dict[tuple[str, int],
                 continue
             for query, batch in moments:
                 held = spans.get((query, backward))
-                spans[(query, backward)] = batch if held is None else max(held, batch) if backward else min(held, batch)
+                widest = max if backward else min
+                spans[(query, backward)] = batch if held is None else widest(held, batch)
     statuses: dict[tuple[str, int], str | None] = {}
     for (query, backward), bound in spans.items():
-        statuses.update(backend.batches_between(query, 0, bound) if backward else
-                        backend.batches_between(query, bound, FOREVER))
+        statuses.update(backend.gaps_between(query, 0, bound) if backward else
+                        backend.gaps_between(query, bound, FOREVER))
     return statuses

@@ -189,8 +189,9 @@ class WalkingBackend:
         """The batch log's capture status of each ``(query, batch)``; None where it has none."""
         raise NotImplementedError
 
-    def batches_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
-        """The capture status of every batch of ``query`` from ``first`` to ``last`` the batch log holds."""
+    def gaps_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
+        """The capture status of every batch of ``query`` from ``first`` to ``last`` the batch log holds
+        that is not fully captured."""
         raise NotImplementedError
 
     def datasets(self) -> dict[str, dict]:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.indexer.graph import batch_fields, batch_statuses, batches_between
+from headwater.indexer.graph import batch_fields, batch_statuses, gaps_between
 
 from .backend import ROW_FIELDS, WalkingBackend
 
@@ -57,8 +57,8 @@ class CypherBackend(WalkingBackend):
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         return batch_statuses(self._driver, pairs, self.config.graph_database)
 
-    def batches_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
-        return batches_between(self._driver, query, first, last, self.config.graph_database)
+    def gaps_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
+        return gaps_between(self._driver, query, first, last, self.config.graph_database)
 
     def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
         found = batch_fields(self._driver, pairs, self.config.graph_database)

@@ -94,9 +94,10 @@ class _ParquetBackend(WalkingBackend):
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         return self.log.refresh().statuses(pairs)
 
-    def batches_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
+    def gaps_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
         log = self.log.refresh()
-        return log.statuses((query, b) for b in log.batches(query) if first <= b <= last)
+        statuses = log.statuses((query, b) for b in log.batches(query) if first <= b <= last)
+        return {pair: status for pair, status in statuses.items() if status != "full"}
 
     def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
         self.log.refresh()
