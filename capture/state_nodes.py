@@ -32,12 +32,12 @@ from pyspark.sql.functions import arrow_udf
 
 from headwater.core import rid as rids
 
+from .jvm_listener import QUERY_ID_PROPERTY
 from .lineage import BatchContext, SourceEdges
 from .publish import STATS, PublishTarget, _Task, sampled
 from .rewrite import StateOp
 
 PROPERTY = "headwater.state_edges"  # the per-batch setting (``Setting``), as JSON
-QUERY_ID_PROPERTY = "sql.streaming.queryId"  # Spark's: the streaming query a job belongs to
 
 log = logging.getLogger("headwater.capture")
 

@@ -35,14 +35,14 @@ from . import metrics
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .kafka_source import KafkaSource
-from .jvm_listener import CAPTURE_PROPERTY, JobListener
+from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobListener
 from .jvm_listener import register as register_job_listener
 from .jvm_listener import unregister as unregister_job_listener
 from .listener import ProgressListener
 from .lineage import BatchContext, SourceEdges
 from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
-from .state_nodes import PROPERTY, QUERY_ID_PROPERTY, Setting, entering_column, late_watermarks, run_of
+from .state_nodes import PROPERTY, Setting, entering_column, late_watermarks, run_of
 from .sinks import Sink, SinkSpec
 from .spark_plan import analyzed, optimized_records
 

@@ -149,3 +149,15 @@ def test_null_and_nan_in_a_float_column_hash_apart():
     assert table_row_rid("t", [float("nan")], ["double"]) != table_row_rid("t", [None], ["double"])
     assert table_row_rid("t", [float("nan")], ["long"]) == table_row_rid("t", [None], ["long"])  # pandas' NULL
     assert table_row_rid("t", [-0.0], ["float"]) == table_row_rid("t", [0.0], ["float"])
+
+
+def test_state_node_rids_vectorised_equal_the_scalar_twin_and_spark(spark):
+    import numpy as np
+    from pyspark.sql import functions as F
+
+    keys = np.array([0, 1, -1, 2**63 - 1, -(2**63), 123456789012345], dtype=np.int64)
+    run = rid.run_hash("5519024a-1a4e-4de3-833c-45e289ecae7c")
+    vectorised = rid.state_node_rids(keys, run).tolist()
+    assert vectorised == [rid.state_node_rid(int(k), run) for k in keys]
+    df = spark.createDataFrame([(int(k),) for k in keys], "k long")
+    assert [r[0] for r in df.select(F.xxhash64("k", F.lit(run))).collect()] == vectorised

@@ -74,15 +74,15 @@ def stream(spark, env):
 
 
 @contextlib.contextmanager
-def fail_after_write(sink_class):
-    """Fault injection: the first write of batch ``FAULT_BATCH`` to a sink of ``sink_class``
+def fail_after_write(sink_class, batch: int = FAULT_BATCH):
+    """Fault injection: the first write of batch ``batch`` to a sink of ``sink_class``
     completes, then raises, as a driver dying between the write and Spark's commit would."""
     original = sink_class.write
     fired = []
 
     def write(self, df, batch_id):
         original(self, df, batch_id)
-        if batch_id == FAULT_BATCH and not fired:
+        if batch_id == batch and not fired:
             fired.append(batch_id)
             raise InjectedFault(f"after the write of batch {batch_id}")
 

@@ -22,10 +22,8 @@ publish the same edges both times.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import defaultdict
-from unittest import mock
 
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -41,6 +39,7 @@ from headwater.query.api import LineageClient
 
 from .conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches, stop_when_idle
 from .oracle import as_input
+from .test_sinks import fail_after_write
 
 BASE = 1_790_000_000  # event time 0, in epoch seconds: windows of 10 and 20 s start at it
 BATCHES = 32  # micro-batches of new rows
@@ -106,22 +105,6 @@ def oracle(shape: str, rows: list[dict], batch_of: dict[int, int]):
     return emitted, entering
 
 
-@contextlib.contextmanager
-def fail_after_write():
-    """The first write of ``FAULT_BATCH`` completes, then raises before Spark's commit."""
-    original = FileSink.write
-    fired = []
-
-    def write(self, df, batch_id):
-        original(self, df, batch_id)
-        if batch_id == FAULT_BATCH and not fired:
-            fired.append(batch_id)
-            raise RuntimeError(f"InjectedFault after the write of batch {batch_id}")
-
-    with mock.patch.object(FileSink, "write", write):
-        yield fired
-
-
 def read_all(query, last_offset: int, topic: str) -> None:
     """Wait until ``query`` has read up to ``last_offset`` of the topic, then stop it between triggers."""
     import time
@@ -184,9 +167,9 @@ def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tm
         read_all(query, max(o for _, _, _, o in coordinates.values()), topic)
         read.update(records_read(query))
         produce(rows[half:])
-        with fail_after_write() as fired:
+        with fail_after_write(FileSink, FAULT_BATCH) as fired:
             query = start()
-            with pytest.raises(StreamingQueryException, match="InjectedFault"):
+            with pytest.raises(StreamingQueryException, match="InjectedFault|after the write"):
                 query.awaitTermination(300)
         read.update(records_read(query))
         assert fired == [FAULT_BATCH]
