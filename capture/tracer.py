@@ -188,7 +188,9 @@ class Tracer:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
         counts = self.spark.sparkContext.accumulator(Counts().zero(None), Counts())
-        entering = functools.partial(entering_column, query=name, target=self.publish_target(), counts=counts)
+        # With capture turned off (log-only), the aggregates get no entering filter: nothing would publish.
+        entering = None if self.config.capture == LOG_ONLY else \
+            functools.partial(entering_column, query=name, target=self.publish_target(), counts=counts)
         threaded = thread_rids(df, keys, frozenset(black_boxes), name, entering)
         fingerprint = plan_fingerprint(analyzed(df).toJSON(), places(threaded.ir))
         return Traced(self, threaded, name, emit_rid, fingerprint, counts, _optimized_plan(df, name))

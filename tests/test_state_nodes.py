@@ -30,12 +30,14 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics
+from headwater.capture.budget import LOG_ONLY
 from headwater.capture import attach
 from headwater.capture.sinks.spark_sinks import FileSink
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH, decode_lineage
 from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
+from headwater.query.backend import LineageError
 
 from .conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches, stop_when_idle
 from .oracle import as_input
@@ -69,14 +71,15 @@ def events() -> list[dict]:
     return out
 
 
-def oracle(shape: str, rows: list[dict], batch_of: dict[int, int]):
+def oracle(shape: str, rows: list[dict], batch_of: dict[int, int], groups_of=None):
     """Spark's update mode replayed: ``{(group, batch): ids}`` emitted, and per batch the rows entering groups.
 
     Batch x evicts by the watermark ``wm(x)``, the latest event time of batches before x less the
     delay, and drops as late the rows of windows ending at or before the previous batch's, ``wm(x - 1)``
     (Spark's watermark for late events), so a window can take a row in the batch that closes it.
+    ``groups_of`` overrides the shape's groups (``SHAPES``).
     """
-    groups_of, _ = SHAPES[shape]
+    groups_of = groups_of or SHAPES[shape][0]
     windowed = shape != "keyed_update"
     by_batch = defaultdict(list)
     for row in rows:
@@ -131,76 +134,108 @@ def edges_published(config) -> list[tuple[bytes, dict]]:
         consumer.close()
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tmp_path, shape):
-    config, tag = own_topics(stack_config, "sn")
-    topic = f"sn-{tag}"
-    ensure_topics(config.bootstrap, [topic], 1)
-    name = f"sn-{tag}"
-    rows = events()
-    sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "cp")
-    tracer = attach(spark, config)
-    read: dict = {}
-    coordinates: dict[int, tuple] = {}
+class Stream:
+    """One traced stream of its own (topic, log and edges topics, sink, checkpoint), started as often as a
+    test needs on one checkpoint; ``read`` the batch that read each record, ``coordinates`` each event's."""
 
-    def start():
-        raw = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", config.bootstrap)
-               .option("subscribe", topic).option("maxOffsetsPerTrigger", PER_BATCH).load())
+    def __init__(self, spark, stack_config, tmp_path, prefix: str):
+        self.spark = spark
+        self.config, tag = own_topics(stack_config, prefix)
+        self.topic = self.name = f"{prefix}-{tag}"
+        ensure_topics(self.config.bootstrap, [self.topic], 1)
+        self.sink, self.checkpoint = str(tmp_path / "sink"), str(tmp_path / "cp")
+        self.read: dict = {}
+        self.coordinates: dict[int, tuple] = {}
+
+    def produce(self, part: list[dict]) -> None:
+        placed = demo_data.produce(self.config.bootstrap, self.topic,
+                                   [(None, json.dumps({**e, "t": BASE + e["t"]}).encode()) for e in part])
+        self.coordinates.update({e["id"]: ("kafka", self.topic, p, o) for e, (p, o) in zip(part, placed)})
+
+    def start(self, tracer, build, mode: str = "update"):
+        """Start the stream traced by ``tracer``: ``build`` makes the sink's DataFrame of the events."""
+        raw = (self.spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", self.config.bootstrap)
+               .option("subscribe", self.topic).option("maxOffsetsPerTrigger", PER_BATCH).load())
         parsed = raw.select(F.from_json(F.col("value").cast("string"), "id long, k int, v int, t long").alias("e"))
         df = parsed.select("e.*").withColumn("ts", F.col("t").cast("timestamp")).drop("t") \
             .withWatermark("ts", f"{DELAY_S} seconds")
-        grouped = SHAPES[shape][1](df).agg(F.sort_array(F.collect_list("id")).alias("ids"), F.count("*").alias("n"),
-                                           F.sum("v").alias("total"))
-        return (tracer.trace(grouped, name=name).writeStream.format("parquet").outputMode("update")
-                .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start(sink))
+        return (tracer.trace(build(df), name=self.name).writeStream.format("parquet").outputMode(mode)
+                .option("checkpointLocation", self.checkpoint).trigger(processingTime="0 seconds").start(self.sink))
 
-    def produce(part: list[dict]) -> None:
-        placed = demo_data.produce(config.bootstrap, topic,
-                                   [(None, json.dumps({**e, "t": BASE + e["t"]}).encode())
-                                    for e in part])
-        coordinates.update({e["id"]: ("kafka", topic, p, o) for e, (p, o) in zip(part, placed)})
+    def run(self, tracer, build, mode: str = "update") -> set[int]:
+        """Start the stream, let it read every record produced so far, stop it between triggers; returns
+        the batches it ran (with those that read nothing: Spark runs one when the watermark moves)."""
+        query = self.start(tracer, build, mode)
+        read_all(query, max(o for _, _, _, o in self.coordinates.values()), self.topic)
+        self.read.update(records_read(query))
+        return {p.batchId for p in query.recentProgress}
 
+    def batch_of(self, rows: list[dict]) -> dict[int, int]:
+        """The batch that read each event."""
+        return {e["id"]: self.read[self.coordinates[e["id"]][1:]] for e in rows}
+
+    def sink_rows(self) -> list[tuple[dict, int]]:
+        """Every row of the sink, with the batch that wrote it (from capture's batch log)."""
+        index(self.config)
+        file_batch = sink_file_batches(self.config, self.name)
+        table = self.spark.read.parquet(self.sink).withColumn("_file", F.input_file_name()).collect()
+        return [(row.asDict(recursive=True), file_batch[local_file(row["_file"])]) for row in table]
+
+    def logged(self) -> dict[int, dict]:
+        """Capture's batch log of the stream, by batch."""
+        return {r["batch"]: r for r in read_log(self.config) if r["schema"] == LOG_BATCH and r["query"] == self.name}
+
+
+def build_of(shape: str):
+    """The aggregation of a shape, with the ids of the rows each group holds, as Spark aggregates them."""
+    return lambda df: SHAPES[shape][1](df).agg(F.sort_array(F.collect_list("id")).alias("ids"),
+                                               F.count("*").alias("n"), F.sum("v").alias("total"))
+
+
+def group_of(row: dict) -> tuple:
+    """A sink row's group, as the oracle names it: (key, window start, window end), event times in seconds."""
+    window = row.get("w")
+    return (row.get("k"), None if window is None else int(window["start"].timestamp()) - BASE,
+            None if window is None else int(window["end"].timestamp()) - BASE)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tmp_path, shape):
+    stream = Stream(spark, stack_config, tmp_path, "sn")
+    config, name, coordinates = stream.config, stream.name, stream.coordinates
+    rows = events()
+    tracer = attach(spark, config)
     half = len(rows) // 2
     try:
-        produce(rows[:half])
-        query = start()
-        read_all(query, max(o for _, _, _, o in coordinates.values()), topic)
-        read.update(records_read(query))
-        produce(rows[half:])
+        stream.produce(rows[:half])
+        stream.run(tracer, build_of(shape))
+        stream.produce(rows[half:])
         with fail_after_write(FileSink, FAULT_BATCH) as fired:
-            query = start()
+            query = stream.start(tracer, build_of(shape))
             with pytest.raises(StreamingQueryException, match="InjectedFault|after the write"):
                 query.awaitTermination(300)
-        read.update(records_read(query))
+        stream.read.update(records_read(query))
         assert fired == [FAULT_BATCH]
-        query = start()
-        read_all(query, max(o for _, _, _, o in coordinates.values()), topic)
-        read.update(records_read(query))
+        stream.run(tracer, build_of(shape))
     finally:
         tracer.close()
 
-    batch_of = {e["id"]: read[coordinates[e["id"]][1:]] for e in rows}
+    batch_of = stream.batch_of(rows)
     assert len(set(batch_of.values())) >= 30
     emitted, entering = oracle(shape, rows, batch_of)
 
     # The sink's rows are Spark's emissions, each once (the retried batch's too), and the oracle's.
-    index(config)
-    file_batch = sink_file_batches(config, name)
-    table = spark.read.parquet(sink).withColumn("_file", F.input_file_name()).collect()
     found: dict[tuple, list[int]] = {}
     rid_of: dict[tuple, int] = {}
-    for row in (r.asDict(recursive=True) for r in table):
-        window = row.get("w")
-        group = (row.get("k"), None if window is None else int(window["start"].timestamp()) - BASE,
-                 None if window is None else int(window["end"].timestamp()) - BASE)
-        key = (group, file_batch[local_file(row["_file"])])
+    for row, batch in stream.sink_rows():
+        key = (group_of(row), batch)
         assert key not in found, f"{key} emitted twice"
         found[key], rid_of[key] = list(row["ids"]), row["_hw_rid"]
         assert row["n"] == len(row["ids"])
     assert found == emitted
 
     # Work per batch: one edge per row entering a group, one per row emitted; never the group's history.
-    logged = {r["batch"]: r for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == name}
+    logged = stream.logged()
     emitted_in = defaultdict(int)
     for _, batch in emitted:
         emitted_in[batch] += 1
@@ -239,3 +274,147 @@ def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tm
             for row in rows[::11]:
                 answer = client.forward(kafka_rid(*coordinates[row["id"]][1:]))
                 assert {x.rid for x in answer} == outputs_of.get(row["id"], set()), (backend, row)
+
+
+def chained(df):
+    """An aggregate of an aggregate (Spark's chained time windows, append mode): the rows of each key's
+    10-s windows, then those windows gathered into 20-s windows by their event time (``window_time``)."""
+    first = df.groupBy(F.window("ts", "10 seconds").alias("w1"), "k").agg(F.collect_list("id").alias("ids1"))
+    return first.groupBy(F.window(F.window_time("w1"), "20 seconds").alias("w")).agg(
+        F.sort_array(F.flatten(F.collect_list("ids1"))).alias("ids"), F.count("*").alias("windows"))
+
+
+def test_an_aggregate_of_an_aggregate_links_node_to_node_once_and_equals_the_oracle(spark, stack_config, tmp_path):
+    """The second aggregate's input rows are the first's emitted groups: each links its first-level state
+    node to its second-level one once, in the batch the first emits it; the walk's time rule then gives
+    every output exactly the rows its 10-s windows took (late rows dropped by the first), over a restart."""
+    stream = Stream(spark, stack_config, tmp_path, "chain")
+    rows = events()
+    tracer = attach(spark, stream.config)
+    try:
+        stream.produce(rows[:len(rows) // 2])
+        stream.run(tracer, chained, "append")
+        stream.produce(rows[len(rows) // 2:])
+        stream.run(tracer, chained, "append")
+    finally:
+        tracer.close()
+    batch_of = stream.batch_of(rows)
+    assert len(set(batch_of.values())) >= 30
+    first_emitted, entering = oracle("keyed_window_update", rows, batch_of,
+                                     groups_of=lambda t, k: [(k, t - t % 10, t - t % 10 + 10)])
+    taken: dict[tuple, set[int]] = defaultdict(set)  # the rows each 10-s window took
+    for (group, _), ids in first_emitted.items():
+        taken[group] |= set(ids)
+    assert sum(map(len, taken.values())) < len(rows), "no row was late: the test would not check lateness"
+
+    # Spark's emissions, each once, each exactly the rows its 10-s windows took.
+    rid_of, ids_of, batch_out = {}, {}, {}
+    for row, batch in stream.sink_rows():
+        _, start, end = group_of(row)
+        assert start not in ids_of, f"window {start} emitted twice"
+        expected = sorted(i for (_, s, _), ids in taken.items() if start <= s < end for i in ids)
+        assert list(row["ids"]) == expected, start
+        rid_of[start], ids_of[start], batch_out[start] = row["_hw_rid"], expected, batch
+    assert len(ids_of) >= 8
+
+    # Work per batch: each row entering the first aggregate once (late rows never), each 10-s window into
+    # the second once, each output from its node once; no edge is ever published again.
+    published = edges_published(stream.config)
+    edges = [(e["src"], e["dst"], e["op"]) for _, e in published]
+    assert len(edges) == len(set(edges)), "an edge was published twice"
+    sources = {kafka_rid(*c[1:]) for c in stream.coordinates.values()}
+    ops = {e["op"] for _, e in published if e["src"] in sources}
+    assert len(ops) == 1
+    into_first = defaultdict(int)
+    for _, e in published:
+        if e["op"] in ops:
+            into_first[e["batch"]] += 1
+    assert into_first == {b: n for b, n in entering.items() if n}
+    outputs = set(rid_of.values())
+    second = [e for _, e in published if e["op"] not in ops and e["dst"] not in outputs]
+    assert len({e["src"] for e in second}) == len(second) <= len(taken)
+    assert len([e for _, e in published if e["dst"] in outputs]) == len(outputs)
+    for batch, record in stream.logged().items():
+        assert record["status"] == "full", batch
+
+    outputs_of: dict[int, set[int]] = defaultdict(set)
+    for start, ids in ids_of.items():
+        for i in ids:
+            outputs_of[i].add(rid_of[start])
+    for backend in ("cypher", "csprov", "rq"):
+        with LineageClient(stream.config, backend=backend) as client:
+            for start, ids in ids_of.items():
+                answer = client.backward(rid_of[start])
+                assert {as_input(x) for x in answer} == {stream.coordinates[i] for i in ids}, (backend, start)
+                assert all(x.exact for x in answer) and answer.complete
+            for row in rows if backend == "cypher" else rows[::7]:
+                answer = client.forward(kafka_rid(*stream.coordinates[row["id"]][1:]))
+                assert {x.rid for x in answer} == outputs_of.get(row["id"], set()), (backend, row)
+                assert answer.complete
+
+
+def test_a_group_fed_by_a_batch_not_captured_names_it_as_a_gap(spark, stack_config, tmp_path):
+    """One keyed update-mode stream run three times on one checkpoint: captured, log-only, captured. An
+    answer through a group names every batch not captured that may have fed it (backward: up to the
+    emission; forward: from the input's batch on) and is then not complete; what the captured batches
+    published is still exactly the oracle's; answers that no such batch touches stay complete and exact.
+    A record an uncaptured batch read is a clear error forward (query/README: which groups it entered
+    is not inferred yet)."""
+    stream = Stream(spark, stack_config, tmp_path, "gap")
+    rows = events()
+    thirds = [rows[:len(rows) // 3], rows[len(rows) // 3:2 * len(rows) // 3], rows[2 * len(rows) // 3:]]
+    build = build_of("keyed_update")
+    ran = []
+    for part, overrides in zip(thirds, ({}, {"capture": LOG_ONLY}, {})):
+        stream.produce(part)
+        tracer = attach(spark, stream.config.with_overrides(**overrides))
+        try:
+            ran.append(stream.run(tracer, build))
+        finally:
+            tracer.close()
+    batch_of = stream.batch_of(rows)
+    emitted, _ = oracle("keyed_update", rows, batch_of)
+    logged = stream.logged()
+    skipped = ran[1]  # every batch of the log-only run, one that read nothing included
+    assert {batch_of[e["id"]] for e in thirds[1]} <= skipped
+    assert {b for b, r in logged.items() if r["status"] != "full"} == skipped
+    first, last = min(skipped), max(skipped)
+
+    rid_of = {}
+    for row, batch in stream.sink_rows():
+        rid_of[(group_of(row), batch)] = row["_hw_rid"]
+    assert set(rid_of) == set(emitted)
+    coordinates = stream.coordinates
+    outputs_of: dict[int, set[tuple]] = defaultdict(set)
+    for key, ids in emitted.items():
+        for i in ids:
+            outputs_of[i].add(key)
+    with LineageClient(stream.config) as client:
+        for key, ids in emitted.items():
+            batch = key[1]
+            answer = client.backward(rid_of[key])
+            gaps = {g.batch for g in answer.gaps if g.query == stream.name}
+            if batch < first:  # no uncaptured batch before it
+                assert {as_input(x) for x in answer} == {coordinates[i] for i in ids}, key
+                assert answer.complete and not gaps, key
+            elif batch > last:  # from edges: its captured rows, exactly; every uncaptured batch named
+                captured = {coordinates[i] for i in ids if batch_of[i] not in skipped}
+                assert {as_input(x) for x in answer if x.exact} == captured, key
+                assert gaps == skipped and not answer.complete, key
+            else:  # emitted by a batch not captured: inferred, never claimed complete
+                assert batch in gaps and not answer.complete, key
+        for row in rows:
+            at = batch_of[row["id"]]
+            if first <= at <= last:  # read by a batch not captured: which groups it entered is not known
+                with pytest.raises(LineageError, match="keeps state across batches"):
+                    client.forward(kafka_rid(*coordinates[row["id"]][1:]))
+                continue
+            answer = client.forward(kafka_rid(*coordinates[row["id"]][1:]))
+            gaps = {g.batch for g in answer.gaps if g.query == stream.name}
+            reached = {rid_of[k] for k in outputs_of[row["id"]]}
+            if at > last:  # after every uncaptured batch: exact and complete
+                assert {x.rid for x in answer} == reached and answer.complete and not gaps, row
+            else:  # its emissions in captured batches, exactly; the uncaptured ones named
+                captured = {rid_of[k] for k in outputs_of[row["id"]] if k[1] not in skipped}
+                assert {x.rid for x in answer if x.exact} == captured, row
+                assert gaps == skipped and not answer.complete, row

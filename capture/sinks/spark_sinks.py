@@ -12,6 +12,8 @@ the connector's, as untraced.
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -72,7 +74,14 @@ class FileSink(SparkSink):
 
     def _entries(self, batch_id: int) -> set[str] | None:
         entry = self._log.get(batch_id)
-        return {status.path() for status in entry.get()} if entry.isDefined() else None
+        if not entry.isDefined():
+            return None
+        # In one call, as the log's own text (a version line, then a JSON object per file): a compaction
+        # lists every file so far, and reading it file by file over py4j grew with the stream's age
+        # (800 files: 0.88 s, against 0.05 s so).
+        text = self._jvm.java.io.ByteArrayOutputStream()
+        self._log.serialize(entry.get(), text)
+        return {json.loads(line)["path"] for line in text.toString("UTF-8").splitlines()[1:] if line}
 
     def _names(self) -> list[str]:
         return [status.getPath().getName() for status in self._fs.listStatus(self._log_path)]
