@@ -9,23 +9,28 @@ seconds (10,000 rows/s offered by default):
 - ``window``: those orders in 5-second tumbling windows per region (watermark, append);
 - ``join``: those orders joined with a payments stream within 10 seconds (watermarks).
 
-Each query runs ``--batches`` micro-batches from a fresh checkpoint, in three modes in
+Each query runs ``--batches`` micro-batches from a fresh checkpoint, in four modes in
 turn, ``--rounds`` times after one uncounted warm-up round:
 
 - ``bare``: no headwater at all;
 - ``off``: ``attach`` done (listeners registered), the query not traced;
-- ``on``: the query traced.
+- ``on``: the query traced;
+- ``log``: the query traced with ``capture="log-only"`` (rids and the batch log, no edges).
 
 Batch durations are Spark's (``triggerExecution``), each run's first batch left out.
 ``ratio_*`` is on over off, pooled over the three queries (per query in ``queries``);
-``attach_ratio_median`` is off over bare: what attaching costs a job that is not
-traced. ``*_ms_per_batch`` say where a traced batch's time goes: the JVM job listener's
-job time of the user's plan and of capture's own jobs, and capture's time inside the
-sink's write tasks (summed over tasks). Starts its own local stack (broker, graph) on free ports.
-The last line printed is one JSON object.
+``ratio_median_log_only`` is log over off; ``attach_ratio_median`` is off over bare: what
+attaching costs a job that is not traced. ``*_ms_per_batch`` say where a traced batch's time
+goes: the JVM job listener's job time of the user's plan and of capture's own jobs, and
+capture's time inside the user's tasks (summed over tasks).
+
+``sizes`` shows how the cost grows with the work: each shape again at every ``--sizes``
+batch size (``--size-rounds`` rounds, modes off, on and log; the same trigger interval, so
+batches that take longer than it run back to back). Starts its own local stack (broker,
+graph) on free ports. The last line printed is one JSON object.
 
     .venv/bin/python bench/capture_overhead.py [--rows-per-batch 10000] [--offered 10000]
-        [--batches 6] [--rounds 2]
+        [--batches 6] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SHAPES = ("demo", "window", "join")
-MODES = ("bare", "off", "on")
+MODES = ("bare", "off", "on", "log")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -96,7 +101,9 @@ def bench_stack(app: str, **conf: str):
         stack.up()
         try:
             pq.write_table(pa.Table.from_pylist(data.customers()), home / "customers.parquet")
-            spark = spark_session(app, **conf)
+            # Spark's default 1 GiB heap does not hold the size curve's 100,000-row join state (traced
+            # rows carry their rid structs) beside the run's earlier queries: every mode gets 4 GiB.
+            spark = spark_session(app, **{"spark.driver.memory": "4g", **conf})
             try:
                 yield home, stack.config().with_overrides(spill_dir=str(home / "spill")), spark
             finally:
@@ -105,20 +112,22 @@ def bench_stack(app: str, **conf: str):
             stack.down()
 
 
-def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args) \
+def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args, rows: int) \
         -> tuple[list[float], float, dict[str, float]]:
-    """Run one query of the reference stream for ``args.batches`` batches: its durations after
-    the first, its seconds, and (traced) the milliseconds ``trace`` took and, of those, the
-    optimizer's run for the log-only fallback's plan (once per query, not per batch)."""
+    """Run one query of the reference stream (``rows`` a batch) for ``args.batches`` batches: its
+    durations after the first, its seconds, and (traced) the milliseconds ``trace`` took and, of
+    those, the optimizer's run for the log-only fallback's plan (once per query, not per batch)."""
     from headwater.capture import attach
     from headwater.capture.spark_plan import optimized_records
 
-    tracer = attach(spark, config) if mode != "bare" else None
+    tracer = attach(spark, config, capture="log-only" if mode == "log" else "full") if mode != "bare" else None
     once: dict[str, float] = {}
     try:
-        df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), args.rows_per_batch)
+        df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), rows)
         source = df
-        if mode == "on":
+        if mode == "log":
+            source = tracer.trace(df, name=f"bench-{tag}", keys={"customers": "customer_id"})
+        elif mode == "on":
             t0 = time.monotonic()
             optimized_records(df)
             once["optimized_plan_ms"] = 1000 * (time.monotonic() - t0)
@@ -162,12 +171,16 @@ def main(argv=None) -> None:
     parser.add_argument("--offered", type=int, default=10000, help="rows per second each source offers")
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sizes", default="1000,10000,100000", help="batch sizes of the curve; empty: none")
+    parser.add_argument("--size-rounds", type=int, default=1)
     args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",") if x]
 
     from prometheus_client import REGISTRY
 
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     durations = {(shape, mode): [] for shape in SHAPES for mode in MODES}
+    by_size = {(shape, size, mode): [] for shape in SHAPES for size in sizes for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)
     once: dict[str, list[float]] = {"trace_ms": [], "optimized_plan_ms": []}
     with bench_stack("headwater-bench") as (home, config, spark):
@@ -175,14 +188,26 @@ def main(argv=None) -> None:
             for shape in SHAPES:
                 for mode in MODES:
                     tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
-                    got, elapsed, costs = run_once(spark, config, home, shape, mode, tag, args)
+                    got, elapsed, costs = run_once(spark, config, home, shape, mode, tag, args, args.rows_per_batch)
                     if round_ >= 0:
                         durations[(shape, mode)].extend(got)
                         seconds[mode] += elapsed
                         for name, ms in costs.items():
                             once[name].append(ms)
+                        if args.rows_per_batch in sizes:
+                            by_size[(shape, args.rows_per_batch, mode)].extend(got)
                     say(f"round {round_} {shape} {mode}: median {statistics.median(got):.0f} ms, "
                         f"run {elapsed:.1f} s")
+        for round_ in range(args.size_rounds):
+            for size in sizes:
+                if size == args.rows_per_batch:
+                    continue  # the reference rounds measured it
+                for shape in SHAPES:
+                    for mode in ("off", "on", "log"):
+                        tag = f"{shape}-{mode}-{size}-{round_}"
+                        got, _, _ = run_once(spark, config, home, shape, mode, tag, args, size)
+                        by_size[(shape, size, mode)].extend(got)
+                        say(f"size {size} {shape} {mode}: median {statistics.median(got):.0f} ms")
 
     def total(metric: str, **labels) -> float:
         return sum(REGISTRY.get_sample_value(metric, {"query": f"bench-{shape}-on{r}", **labels}) or 0
@@ -195,6 +220,10 @@ def main(argv=None) -> None:
     capture_tasks = total("headwater_capture_task_seconds_total")
     pooled = {mode: [d for shape in SHAPES for d in durations[(shape, mode)]] for mode in MODES}
     traced_batches = total("headwater_capture_batches_total", status="full") or 1
+
+    def ratio(a: list[float], b: list[float]) -> float | None:
+        return round(statistics.median(a) / statistics.median(b), 3) if a and b else None
+
     result = {
         "bench": "capture_overhead",
         "stream": "reference: demo shape, 5 s windowed aggregation, stream-stream join (rate-micro-batch)",
@@ -202,8 +231,10 @@ def main(argv=None) -> None:
         "offered_rows_per_s": args.offered,
         "batches_per_mode": len(pooled["on"]),
         **summary(pooled["off"], pooled["on"]),
+        "ratio_median_log_only": ratio(pooled["log"], pooled["off"]),
+        "median_ms_log_only": statistics.median(pooled["log"]),
         "median_ms_bare": statistics.median(pooled["bare"]),
-        "attach_ratio_median": round(statistics.median(pooled["off"]) / statistics.median(pooled["bare"]), 3),
+        "attach_ratio_median": ratio(pooled["off"], pooled["bare"]),
         # Where the traced batches' time went, per batch: jobs of the user's plan (with the
         # sink write, where lineage rides), capture's own jobs, capture's time inside tasks.
         "user_job_ms_per_batch": round(1000 * user_jobs / traced_batches, 1),
@@ -217,7 +248,16 @@ def main(argv=None) -> None:
                                           3),
         "edges_per_s": round(edges / seconds["on"], 1),
         "bytes_per_edge": round(size / edges, 1) if edges else None,
-        "queries": {shape: summary(durations[(shape, "off")], durations[(shape, "on")]) for shape in SHAPES},
+        "queries": {shape: {**summary(durations[(shape, "off")], durations[(shape, "on")]),
+                            "ratio_median_log_only": ratio(durations[(shape, "log")], durations[(shape, "off")])}
+                    for shape in SHAPES},
+        # The cost against the work: each shape's ratios at each batch size.
+        "sizes": {shape: {str(n): {"median_ms_off": statistics.median(by_size[(shape, n, "off")]),
+                                   "ratio_median": ratio(by_size[(shape, n, "on")], by_size[(shape, n, "off")]),
+                                   "ratio_median_log_only": ratio(by_size[(shape, n, "log")],
+                                                                  by_size[(shape, n, "off")])}
+                          for n in sizes if by_size[(shape, n, "off")]}
+                  for shape in SHAPES},
     }
     print(json.dumps(result))
 

@@ -1,14 +1,17 @@
 """Where a traced batch's time goes: one query of the reference stream, step by step.
 
 Runs one shape of ``capture_overhead``'s reference stream (``--shape``, the demo shape
-by default) in four variants, interleaved, ``--rounds`` times after one uncounted round:
+by default) in five variants, interleaved, ``--rounds`` times after one uncounted round:
 
 - ``native``: untraced, Spark's own file sink;
 - ``foreachBatch``: untraced, the same write inside ``foreachBatch`` (what tracing
   turns the sink into);
+- ``arrow_udf``: untraced, that write through a filter that is a Python Arrow UDF of two
+  narrow columns and keeps every row: what any Python in the write's tasks costs, however
+  little it does (the old hot path's floor: capture/README.md, "The hot path");
 - ``log-only``: traced with ``capture="log-only"``: rid columns threaded through the
-  plan, output rids, the idempotent staged write, the batch log; no edges;
-- ``full``: traced, lineage published from the sink's write tasks.
+  plan, output rids, the sink written by Spark's file sink, the batch log; no edges;
+- ``full``: traced, lineage journaled from the JVM by the sink's write tasks.
 
 Prints one JSON line: per variant the median batch duration and Spark's phases
 (``addBatch`` is the sink's part), and the steps between variants in milliseconds, so
@@ -25,11 +28,24 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+from pyspark.sql.functions import arrow_udf
 
 sys.path.insert(0, str(Path(__file__).parent))
 from capture_overhead import SHAPES, bench_stack, reference_query  # noqa: E402
 
-VARIANTS = ("native", "foreachBatch", "log-only", "full")
+VARIANTS = ("native", "foreachBatch", "arrow_udf", "log-only", "full")
+
+
+def _keep_every_row(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+    for rows in batches:
+        yield pa.repeat(pa.scalar(True), len(rows))
+
+
+_keep = arrow_udf(_keep_every_row, "boolean").asNondeterministic()
 
 
 def run_once(spark, tracers: dict, home: Path, shape: str, variant: str, tag: str, batches: int) -> list[dict]:
@@ -39,6 +55,10 @@ def run_once(spark, tracers: dict, home: Path, shape: str, variant: str, tag: st
         writer = df.writeStream.format("parquet").option("path", sink)
     elif variant == "foreachBatch":
         writer = df.writeStream.foreachBatch(lambda batch, _, path=sink: batch.write.mode("append").parquet(path))
+    elif variant == "arrow_udf":
+        narrow = F.struct(*[F.col(c) for c in df.columns[:2]])
+        writer = df.writeStream.foreachBatch(
+            lambda batch, _, path=sink: batch.where(_keep(narrow)).write.mode("append").parquet(path))
     else:
         traced = tracers[variant].trace(df, name=f"profile-{tag}", keys={"customers": "customer_id"})
         writer = traced.writeStream.format("parquet").option("path", sink)
@@ -91,9 +111,11 @@ def main(argv=None) -> None:
         # What each step adds to the median batch, in ms; they sum to full - native.
         "steps_ms": {
             "sink_in_foreachBatch": batch["foreachBatch"] - batch["native"],
-            "rids_and_idempotent_write": batch["log-only"] - batch["foreachBatch"],
-            "edges_from_write_tasks": batch["full"] - batch["log-only"],
+            "rids_and_sink_log": batch["log-only"] - batch["foreachBatch"],
+            "journal_from_write_tasks": batch["full"] - batch["log-only"],
         },
+        # Beside the steps: what a Python UDF in the write's tasks costs, doing nothing.
+        "python_in_tasks_ms": batch["arrow_udf"] - batch["foreachBatch"],
         "ratio_full_over_native": round(batch["full"] / batch["native"], 3),
         "ratio_log_only_over_native": round(batch["log-only"] / batch["native"], 3),
     }))

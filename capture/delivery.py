@@ -11,11 +11,13 @@ buffer, a circuit breaker, and a local spill folder.
   driver and every Python worker share it.
 - The spill folder holds at most ``spill_max_bytes``; a message that does not fit is
   dropped and counted, and its batch is logged as a gap.
-- ``drain`` sends spilled messages once the broker answers again (the tracer's log
-  thread on the driver, and a drain thread in each Python worker that publishes, beside
-  its tasks). Delivery is at least once: a message
-  may arrive twice (a timed-out send that landed after all), which is harmless
-  because rids and edges are idempotent; none is lost unless it was counted as dropped.
+- ``drain`` sends spilled messages once the broker answers again (the tracer's own thread).
+  Delivery is at least once: a message may arrive twice (a timed-out send that landed after
+  all), which is harmless because rids and edges are idempotent; none is lost unless it was
+  counted as dropped.
+
+The spill folder is also the journal the tasks write lineage rows to (``journal.py``): its
+bound counts both kinds of file.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger("headwater.capture")
 
 SENT, SPILLED, DROPPED = "sent", "spilled", "dropped"
 _SUFFIX = ".msg"
+_JOURNALED = (".msg", ".rows")  # what the folder's bound counts: spilled messages, journaled lineage rows
 _BREAKER = "breaker"
 _counter = itertools.count()
 
@@ -48,6 +51,17 @@ class DeliverySettings:
     send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements, per flush
     breaker_cooldown_s: float = 5.0
     topic_partitions: int = 2  # for topics a returning broker lost (made again when probing)
+
+    @staticmethod
+    def of(config) -> "DeliverySettings":
+        """The settings a ``core.config.Config`` gives (the spill folder by default in headwater's home)."""
+        from headwater.core.config import default_home
+
+        return DeliverySettings(
+            config.bootstrap, config.spill_dir or str(default_home() / "spill"),
+            spill_max_bytes=config.spill_max_bytes, buffer_bytes=config.buffer_bytes,
+            send_timeout_s=config.send_timeout_s, breaker_cooldown_s=config.breaker_cooldown_s,
+            topic_partitions=config.topic_partitions)
 
 
 class Breaker:
@@ -110,19 +124,27 @@ class Spill:
             return []
 
     def size(self) -> int:
+        """Bytes the folder holds: spilled messages and journaled lineage rows (as ``Journal.used``)."""
         total = 0
-        for path in self.files():
-            try:
-                total += path.stat().st_size
-            except FileNotFoundError:
-                pass
+        try:
+            entries = list(self.folder.iterdir())
+        except FileNotFoundError:
+            return 0
+        for path in entries:
+            if path.name.endswith(_JOURNALED):
+                try:
+                    total += path.stat().st_size
+                except FileNotFoundError:
+                    pass
         return total
 
-    def put(self, topic: str, key: bytes | None, value: bytes, used: int | None = None) -> int | None:
-        """Spill one message; returns its size, or None when it does not fit (``used``: bytes already spilled)."""
+    def put(self, topic: str, key: bytes | None, value: bytes, used: int | None = None,
+            bounded: bool = True) -> int | None:
+        """Spill one message; returns its size, or None when it does not fit (``used``: bytes already
+        spilled). ``bounded=False`` spills it anyway: what it stands for was in the folder already."""
         header = json.dumps({"topic": topic, "key": None if key is None else key.decode("latin-1")}).encode() + b"\n"
         size = len(header) + len(value)
-        if (self.size() if used is None else used) + size > self.max_bytes:
+        if bounded and (self.size() if used is None else used) + size > self.max_bytes:
             return None
         self.folder.mkdir(parents=True, exist_ok=True)
         name = f"{time.time_ns():020d}-{os.getpid()}-{next(_counter):06d}"
@@ -133,12 +155,19 @@ class Spill:
         os.replace(tmp, self.folder / f"{name}{_SUFFIX}")
         return size
 
-    def claim(self, path: Path) -> tuple[Path, str, bytes | None, bytes] | None:
-        """Take one spilled message for sending; None if another drainer took it first."""
+    def claim_file(self, path: Path) -> Path | None:
+        """Take one file of the folder for this process, by renaming it; None if another took it first."""
         claimed = path.with_name(f".{path.name}.{os.getpid()}.claimed")
         try:
             os.replace(path, claimed)
         except FileNotFoundError:
+            return None
+        return claimed
+
+    def claim(self, path: Path) -> tuple[Path, str, bytes | None, bytes] | None:
+        """Take one spilled message for sending; None if another drainer took it first."""
+        claimed = self.claim_file(path)
+        if claimed is None:
             return None
         data = claimed.read_bytes()
         header, _, value = data.partition(b"\n")
@@ -147,14 +176,16 @@ class Spill:
         return claimed, meta["topic"], key, value
 
     def release_stale(self, older_than_s: float = 600.0) -> int:
-        """Give back messages claimed longer ago than ``older_than_s``: their drainer died."""
+        """Give back files whose drainer died: at once where its process is gone (a pid of this
+        host), else once claimed longer ago than ``older_than_s``."""
         released = 0
         for path in self.folder.glob(".*.claimed"):
             try:
-                if time.time() - path.stat().st_ctime >= older_than_s:
+                if not _alive(int(path.name.rsplit(".", 2)[1])) or \
+                        time.time() - path.stat().st_ctime >= older_than_s:
                     self.release(path)
                     released += 1
-            except FileNotFoundError:
+            except (FileNotFoundError, ValueError):
                 pass
         return released
 
@@ -162,6 +193,18 @@ class Spill:
         """Give a claimed message back, unsent."""
         original = claimed.name[1:].rsplit(".", 2)[0]
         os.replace(claimed, claimed.with_name(original))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _close_quietly(producer, timeout_s: float = 5.0) -> None:
@@ -179,6 +222,10 @@ class Delivery:
         self.spill = Spill(settings.spill_dir, settings.spill_max_bytes)
         self.breaker = Breaker(Path(settings.spill_dir), settings.breaker_cooldown_s)
         self._producer = None
+        # The topics known to exist since this process last saw the broker away: a broker that comes
+        # back may have lost them, and another process's probe (which closes the breaker) checks only
+        # its own. Until a topic is in here, it is made sure of before anything is sent to it.
+        self._topics_known: set[str] = set()
 
     def producer(self):
         """The producer, made on first use; None while the broker cannot be reached."""
@@ -187,7 +234,10 @@ class Delivery:
 
             try:
                 self._producer = producer(
-                    self.settings.bootstrap, max_block_ms=1000,
+                    # A broker that restarted empty must not make a topic on the first send to it (with
+                    # its own partition count, racing the probe's ``ensure_topics``): the send fails,
+                    # is spilled, and the probe makes the topics as configured.
+                    self.settings.bootstrap, max_block_ms=1000, allow_auto_create_topics=False,
                     bootstrap_timeout_ms=2000, reconnect_backoff_max_ms=1000,
                     request_timeout_ms=int(self.settings.send_timeout_s * 1000),
                     delivery_timeout_ms=int(self.settings.send_timeout_s * 1000) + 1000,
@@ -207,10 +257,11 @@ class Delivery:
         if failed is not None:
             threading.Thread(target=_close_quietly, args=(failed,), name="headwater-close", daemon=True).start()
 
-    def deliver(self, messages) -> list[str]:
+    def deliver(self, messages, bounded: bool = True) -> list[str]:
         """Send ``(topic, key, value)`` messages; each one's outcome: SENT, SPILLED or DROPPED.
 
-        ``messages`` may be a generator: each is sent as soon as it is made.
+        ``messages`` may be a generator: each is sent as soon as it is made. ``bounded=False``
+        spills what is not sent past the folder's bound (``Spill.put``).
         """
         taken: list[tuple] = []
         pending = []
@@ -222,11 +273,13 @@ class Delivery:
                 probing = self.breaker.is_open()
                 tried = self.breaker.allow()
                 producer = self.producer() if tried else None
+                if probing:
+                    self._topics_known.clear()
             taken.append(message)
             if producer is None:
                 continue
             topic, key, value = message
-            if probing and len(taken) == 1 and not self._ensure_topics([topic]):
+            if not self._known([topic]):
                 producer = None
                 continue
             if in_flight and in_flight + len(value) > self.settings.buffer_bytes:
@@ -256,7 +309,7 @@ class Delivery:
             used = self.spill.size()
             for i, message in enumerate(taken):
                 if outcomes[i] is None:
-                    size = self.spill.put(*message, used=used)
+                    size = self.spill.put(*message, used=used, bounded=bounded)
                     outcomes[i] = DROPPED if size is None else SPILLED
                     used += size or 0
         return outcomes
@@ -269,34 +322,41 @@ class Delivery:
             pass
         return all(f.is_done and f.succeeded() for _, f in pending)
 
-    def _ensure_topics(self, names) -> bool:
-        """Make sure a broker that answers again has the topics (one that restarted empty may not)."""
+    def _known(self, names) -> bool:
+        """Whether the broker has the topics, made sure of once since this process last saw it away
+        (one that restarted empty may not have them)."""
         from headwater.adapters.kafka import ensure_topics
 
-        try:
-            ensure_topics(self.settings.bootstrap, sorted(set(names)), self.settings.topic_partitions,
-                          timeout_s=2.0)
+        unknown = sorted(set(names) - self._topics_known)
+        if not unknown:
             return True
+        try:
+            ensure_topics(self.settings.bootstrap, unknown, self.settings.topic_partitions, timeout_s=2.0)
         except Exception as exc:
             log.info("broker still away (%s); spilled messages wait", exc)
             return False
+        self._topics_known.update(unknown)
+        return True
 
     def drain(self, budget_s: float = 5.0) -> tuple[int, int]:
         """Send spilled messages, oldest first, for at most ``budget_s``; returns (sent, left)."""
         self.spill.release_stale()
         files = self.spill.files()
-        if not files or not self.breaker.allow():
+        if not files:
+            return 0, 0
+        if self.breaker.is_open():  # a broker coming back may have lost the topics
+            self._topics_known.clear()
+        if not self.breaker.allow():
             return 0, len(files)
         deadline = time.monotonic() + budget_s
         sent = 0
-        topics_checked = False
         while files and time.monotonic() < deadline:
             chunk, files = files[:64], files[64:]
             claimed = [c for c in (self.spill.claim(p) for p in chunk) if c is not None]
             if not claimed:
                 continue
-            topics_checked = topics_checked or self._ensure_topics(topic for _, topic, _, _ in claimed)
-            outcomes = self._send_claimed(claimed) if topics_checked else [False] * len(claimed)
+            known = self._known(topic for _, topic, _, _ in claimed)
+            outcomes = self._send_claimed(claimed) if known else [False] * len(claimed)
             for (path, *_), ok in zip(claimed, outcomes):
                 if ok:
                     path.unlink(missing_ok=True)

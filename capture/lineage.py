@@ -14,7 +14,7 @@ state node, which only the per-batch hook knows (``SourceEdges.rid``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,11 @@ class SourceEdges:
     mask: int  # which sink columns derive from this source
     rid: int | None = None  # the state node's rid, for a black box
     exact: bool = True
+    node: int | None = None  # a black box whose state node is one per batch: ``rid`` is set for each batch
+
+    def in_batch(self, query: str, batch: int) -> "SourceEdges":
+        """As a batch's lineage reads it: a black box's state node of that batch named."""
+        return self if self.node is None else replace(self, rid=rids.state_rid(query, self.node, batch), node=None)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ by its state key ``xxhash64(STATE, query, op, input, key values…)``. Above the
 each input's rid column is replaced by a struct of that key, an output expression of the
 group's key values, so Spark's state holds nothing of headwater's. Right below it, a filter
 that keeps every row hands the rows entering the aggregate (their rid columns and state
-keys, nothing of the user's columns) to ``entering``, which publishes each one's edge to
+keys, nothing of the user's columns) to ``entering``, which journals each one's edge to
 its group's state node from the task, once, in the batch it enters (``state_nodes.py``).
 
 Operators not handled here raise ``UnsupportedPlanError`` naming the node, rather than
@@ -188,10 +188,10 @@ class StateOp:
                 "columns": list(self.columns), "late_key": self.late_key}
 
 
-# entering(op, rows) -> a boolean Column, true for every row, that publishes the state edges of
-# ``rows`` (a struct column: ``k<i>`` the state key and ``s<i>`` the rid struct of input i, ``late``
-# the watermark column's value) as a side effect.
-Entering = Callable[[StateOp, Column], Column]
+# entering(op, columns) -> a boolean Column, true for every row, that journals the state edges of the
+# rows (``columns``: the state key of each input, then each input's rid struct, then the watermark
+# column's value if the aggregate drops late rows) as a side effect.
+Entering = Callable[[StateOp, list], Column]
 
 
 def _late_column(jvm: Jvm, grouping: list) -> tuple[Column | None, int | None]:
@@ -221,10 +221,8 @@ def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: d
     op = StateOp(node.id, state_dataset("Aggregate", node.id), inputs, columns,
                  tuple(masks.get(s.node_id, -1) for s in inputs), late_key)
     if entering is not None:
-        fields = [k.alias(f"k{i}") for i, k in enumerate(keys)] + \
-            [F.col(a.name()).alias(f"s{i}") for i, a in enumerate(attrs)] + \
-            ([late.alias("late")] if late is not None else [])
-        plan = analyzed(child.where(entering(op, F.struct(*fields))))
+        fields = keys + [F.col(a.name()) for a in attrs] + ([late] if late is not None else [])
+        plan = analyzed(child.where(entering(op, fields)))
         child = jvm.dataframe(plan)
     helper = analyzed(child.groupBy(*keys_of).agg(*[F.struct(k.alias("rid")).alias(c) for k, c in zip(keys, columns)]))
     extra = Jvm.items(helper.aggregateExpressions())[-len(columns):]
@@ -372,8 +370,8 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
 
     ``black_boxes`` names Spark plan classes (e.g. ``"GlobalLimit"``) to trace as black
     boxes besides those headwater always treats so (user code over pandas or state).
-    ``entering`` publishes the rows entering each stateful aggregate (``Entering``); without
-    it the plan computes state keys but publishes nothing of what enters.
+    ``entering`` journals the rows entering each stateful aggregate (``Entering``); without
+    it the plan computes state keys but journals nothing of what enters.
     """
     keys = keys or {}
     clash = [c for c in df.columns if c in (RID_COLUMN, BLACK_BOX_MARKER) or c.startswith(SOURCE_PREFIX)]

@@ -34,15 +34,16 @@ from headwater.core.schema import LOG_BATCH, encode_log
 from . import metrics
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
+from .jar import Counts, Journals, drain_command
+from .journal import PROPERTY, Drain, Setting, drain_env
 from .kafka_source import KafkaSource
 from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobListener
 from .jvm_listener import register as register_job_listener
 from .jvm_listener import unregister as unregister_job_listener
 from .listener import ProgressListener
-from .lineage import BatchContext, SourceEdges
-from .publish import SAMPLE_MODULUS, STATS, STATS_SCHEMA, Counts, PublishTarget, publish_partition, publish_through
-from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, SOURCE_PREFIX, Threaded, thread_rids
-from .state_nodes import PROPERTY, Setting, entering_column, late_watermarks, run_of
+from .publishers import black_box_publisher, foreach_batch_publisher, outputs_publisher
+from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, Threaded, thread_rids
+from .state_nodes import entering_column, late_watermarks, run_of
 from .sinks import Sink, SinkSpec
 from .spark_plan import analyzed, optimized_records
 
@@ -71,12 +72,12 @@ class Tracer:
     def __init__(self, spark: SparkSession, config: Config):
         self.spark = spark
         self.config = config
-        self.delivery_settings = DeliverySettings(
-            config.bootstrap, config.spill_dir or str(configuration.default_home() / "spill"),
-            spill_max_bytes=config.spill_max_bytes, buffer_bytes=config.buffer_bytes,
-            send_timeout_s=config.send_timeout_s, breaker_cooldown_s=config.breaker_cooldown_s,
-            topic_partitions=config.topic_partitions,
-        )
+        self.delivery_settings = DeliverySettings.of(config)
+        # The hot path journals lineage from the JVM into the spill folder; this tracer's own thread
+        # turns what is journaled into payloads on the edges topic (``journal.Drain``).
+        self.journals = Journals(spark, self.delivery_settings.spill_dir, config.spill_max_bytes,
+                                 drain_command(spark, drain_env(config)))
+        self._drain = Drain(self.delivery_settings, config.edges_topic, on_sent=metrics.record_sent)
         self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
         self._query_ids: dict[str, str] = {}  # Spark query id → traced query name
@@ -140,11 +141,12 @@ class Tracer:
             metrics.LISTENER_LAG_SECONDS.labels(record["query"]).set(lag)
 
     def _ship(self, every_s: float = 1.0) -> None:
-        """The log's own thread: sends queued log records, then what was spilled.
+        """The tracer's own thread: sends queued log records, what was journaled, and what was spilled.
 
         Neither the stream nor the listener ever waits for the broker on account of the
-        log; spilled messages go out once the broker is back (topics made again if it
-        lost them).
+        log or of lineage; spilled messages go out once the broker is back (topics made
+        again if it lost them). A batch's log record wakes it, so what the batch journaled
+        is sent right after the batch.
         """
         delivery = Delivery(self.delivery_settings)
         while True:
@@ -157,13 +159,17 @@ class Tracer:
                 pass
             try:
                 delivery.drain(budget_s=5.0)  # first: it is the one to probe a broker coming back
-                for outcome, (_, key, _) in zip(delivery.deliver(records), records):
+                # A record's fields computed off the stream's path (``publish_log(later=…)``).
+                messages = [(topic, key, encode_log(schema, **fields, **(later() if later else {})))
+                            for topic, key, schema, fields, later in records]
+                for outcome, (_, key, _) in zip(delivery.deliver(messages), messages):
                     if outcome == DROPPED:
                         log.error("spill full: a log record of query %s is lost", key.decode())
+                self._drain.run_once(budget_s=5.0)
                 metrics.SPILL_BYTES.set(delivery.spill.size())
-                metrics.BUFFER_DEPTH.set(len(delivery.spill.files()) + self._log_queue.qsize())
+                metrics.BUFFER_DEPTH.set(self._drain.pending() + self._log_queue.qsize())
             except Exception:  # this thread must outlive any broker trouble
-                log.exception("sending the log failed; retrying")
+                log.exception("sending the log or the journal failed; retrying")
             if not self._running and self._job_listener is not None:
                 try:  # the last traced query ended: untraced jobs pay nothing for it
                     self.listen_to_jobs(False)
@@ -172,6 +178,13 @@ class Tracer:
             if self._stop.is_set() and self._log_queue.empty():
                 break
         delivery.close(timeout_s=self.config.send_timeout_s)
+        try:  # what the last batches journaled, before the process may end
+            if not self._drain.flush(timeout_s=self.config.send_timeout_s):
+                log.warning("lineage is left in %s for the next tracer on this host to send",
+                            self.delivery_settings.spill_dir)
+        except Exception:
+            log.exception("sending the journal at close failed; it stays in %s", self.delivery_settings.spill_dir)
+        self._drain.close()
 
     def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True,
               black_boxes=()) -> "Traced":
@@ -187,23 +200,19 @@ class Tracer:
         if not df.isStreaming:
             raise ValueError("Tracer.trace needs a streaming DataFrame (spark.readStream…)")
         keys = {t: (k,) if isinstance(k, str) else tuple(k) for t, k in (keys or {}).items()}
-        counts = self.spark.sparkContext.accumulator(Counts().zero(None), Counts())
-        # With capture turned off (log-only), the aggregates get no entering filter: nothing would publish.
+        counts = Counts.make(self.spark, name)
+        # With capture turned off (log-only), the aggregates get no entering filter: nothing would be journaled.
         entering = None if self.config.capture == LOG_ONLY else \
-            functools.partial(entering_column, query=name, target=self.publish_target(), counts=counts)
+            functools.partial(entering_column, query=name, journals=self.journals, counts=counts)
         threaded = thread_rids(df, keys, frozenset(black_boxes), name, entering)
         fingerprint = plan_fingerprint(analyzed(df).toJSON(), places(threaded.ir))
         return Traced(self, threaded, name, emit_rid, fingerprint, counts, _optimized_plan(df, name))
 
-    def publish_target(self) -> PublishTarget:
-        """Where the executors publish lineage."""
-        return PublishTarget(self.delivery_settings, self.config.edges_topic)
-
     def close(self) -> None:
-        """Stop listening and flush the log; call it after the traced queries have stopped.
+        """Stop listening and flush the log and the journal; call it after the traced queries have stopped.
 
-        What the broker has not taken stays in the spill folder; the next tracer on this
-        host sends it.
+        What the broker has not taken within ``send_timeout_s`` stays in the spill folder; the
+        next tracer on this host sends it.
         """
         if self._listener is not None:
             try:  # let progress events already posted reach the listener first
@@ -220,16 +229,20 @@ class Tracer:
         self._stop.set()
         self._shipper.join(timeout=60)
 
-    def publish_log(self, schema: str, **fields) -> None:
+    def publish_log(self, schema: str, later=None, **fields) -> None:
         """Queue one record for the log topic; never waits for the broker.
 
-        The hook and the listener call it from different threads.
+        ``later()`` gives more fields, computed by the tracer's thread before it sends the
+        record rather than on the caller's (the stream's) time. The hook and the listener
+        call it from different threads.
         """
-        message = (self.config.log_topic, str(fields.get("query", "")).encode(), encode_log(schema, **fields))
+        key = str(fields.get("query", "")).encode()
         try:
-            self._log_queue.put_nowait(message)
+            self._log_queue.put_nowait((self.config.log_topic, key, schema, fields, later))
         except queue.Full:  # the log thread is far behind: keep the record on disk instead
-            if Spill(self.delivery_settings.spill_dir, self.config.spill_max_bytes).put(*message) is None:
+            value = encode_log(schema, **fields, **(later() if later else {}))
+            if Spill(self.delivery_settings.spill_dir, self.config.spill_max_bytes).put(
+                    self.config.log_topic, key, value) is None:
                 log.error("spill full: log record %s of %s lost", schema, fields.get("query"))
 
 
@@ -251,7 +264,7 @@ class Traced:
     name: str
     emit_rid: bool
     fingerprint: str  # of the user's plan, equal across runs of the same code
-    counts: object  # what the executors published for it, and their time on it (``publish.Counts``)
+    counts: Counts  # what its journal filters journaled, and their time in the tasks
     optimized: list | None = None  # the user's optimized plan records (``spark_plan.optimized_records``)
 
     @property
@@ -277,7 +290,7 @@ def _holds_map(dtype) -> bool:
 
 
 class BatchHook:
-    """The per-batch hook: user's rows to the user's sink, lineage to the edges topic."""
+    """The per-batch hook: user's rows to the user's sink, lineage to the journal."""
 
     def __init__(self, traced: Traced, spec: SinkSpec):
         self.traced = traced
@@ -286,13 +299,12 @@ class BatchHook:
         threaded = traced.threaded
         self.masks = column_masks(threaded.ir)
         config = traced.tracer.config
-        self.target = traced.tracer.publish_target()
         self.budget = OverheadBudget(config.overhead_budget)
         self.log_only = config.capture == LOG_ONLY  # the operator turned edges off, the log stays
         context = traced.tracer.spark.sparkContext
         self.counts = traced.counts
+        self._counted = self.counts.value()  # the accumulators as the last batch left them
         self.parallelism = max(1, context.defaultParallelism)
-        self._kept_schema = None  # of the sink's rows with their rid, once known
         # Everything below is the same for every batch: built once, so a batch costs
         # the driver few calls into the JVM.
         fields = threaded.df.schema.fields
@@ -301,13 +313,19 @@ class BatchHook:
         self.positional = [f"_hw_c{i}" for i in range(n_user)] + [f.name for f in fields[n_user:]]
         self.user = [(p, f.name) for p, f in zip(self.positional, fields[:n_user])]
         self.hashable = [p for p, f in zip(self.positional, fields[:n_user]) if not _holds_map(f.dataType)]
-        self.keep = [p for p, _ in self.user] + ([RID_COLUMN] if traced.emit_rid else [])
         self._named = [*[F.col(p).alias(n) for p, n in self.user], *([F.col(RID_COLUMN)] if traced.emit_rid else [])]
-        self._rid_inputs = [F.col(c) for c in dict.fromkeys([*self.keep, RID_COLUMN, *[s.column for s in threaded.sources]])]
-        self._keep_columns = [F.col(c) for c in self.keep]
-        self.fusable = self._fusable(fields[:n_user])  # whether lineage can ride in the sink's write job
         self.tables = {location_key(location): location for node in threaded.ir.walk()
                        if node.detail.get("source") == "static" for location in node.detail.get("locations", [])}
+        # The journal filters of what this query publishes from the hook (``publishers.py``).
+        journals, name = traced.tracer.journals, traced.name
+        self.outputs = journals.column(outputs_publisher(name, threaded.ir.id, threaded.sources, self.masks),
+                                       self.counts)
+        self._output_columns = [F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources]]
+        inputs = {s.column: s for s in threaded.inputs}
+        self.boxes = [(box, journals.column(black_box_publisher(name, box, inputs, self.masks), self.counts))
+                      for box in threaded.black_boxes]
+        self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts) \
+            if spec.foreach_batch is not None else None
 
     def table_versions(self) -> dict[str, str]:
         """The version of each file-backed static table the batch reads (``table_files.table_version``),
@@ -329,19 +347,6 @@ class BatchHook:
         """
         return df.toDF(*self.positional).withColumn(ROW_HASH, self.row_hash())
 
-    def _edges_from(self, sources, batch_id: int, mask: int | None = None) -> tuple[SourceEdges, ...]:
-        """How each source's rows link to the rows of a batch; ``mask`` overrides the plan's masks."""
-        return tuple(
-            SourceEdges(s.column, s.source, s.dataset, self.masks.get(s.node_id, -1) if mask is None else mask,
-                        rid=self.state_rid(s, batch_id) if s.source == "blackbox" else None,
-                        exact=s.source != "blackbox")
-            for s in sources
-        )
-
-    def state_rid(self, box, batch_id: int) -> int:
-        """The state node of a black box: one per batch, or one for all batches if it keeps state."""
-        return rids.state_rid(self.traced.name, box.node_id, None if box.stateful else batch_id)
-
     def row_hash(self):
         """An output row's rid before its batch: its query, sink, input rids and content.
 
@@ -354,8 +359,12 @@ class BatchHook:
 
     @staticmethod
     def output_rid(batch_id: int):
-        """rid of each output row: its ``_hw_row`` hash and the batch."""
-        return F.xxhash64(F.col(ROW_HASH), F.lit(batch_id).cast("long"))
+        """rid of each output row: its ``_hw_row`` hash and the batch.
+
+        The batch is hashed as text: Spark's generated code holds a string literal by reference but
+        writes a number into the code, so a numeric batch id made every batch compile its stages
+        anew (two Janino compilations, 12-30 ms each, a batch of the demo shape)."""
+        return F.xxhash64(F.col(ROW_HASH), F.lit(str(batch_id)))
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -369,12 +378,14 @@ class BatchHook:
             self._refuse(batch_id, versions, started)
             return
         # An earlier attempt wrote the batch and Spark's commit did not follow: the sink keeps
-        # what it holds, and the lineage is published again (rids and edges are idempotent).
+        # what it holds, and the lineage is journaled again (rids and edges are idempotent).
         written = latest == batch_id
-        fused = capture and self.fusable and self.sink.reads_every_row and not written
+        # Lineage rides in the job that writes the sink, unless the sink may skip rows (the user's
+        # own code, console) or is not written, or black boxes need rows the sink does not get.
+        fused = capture and not boxes and self.sink.reads_every_row and not written
         context = batch_df.sparkSession.sparkContext
         run = run_of(batch_df.sparkSession)
-        if capture:  # what the tasks feeding stateful aggregates need to publish their state edges
+        if capture:  # what the journal filters of this batch's tasks need
             context.setLocalProperty(PROPERTY, self._setting(batch_df, batch_id, run, plan).to_json())
         if boxes and capture:
             frame = frame.persist()
@@ -382,30 +393,35 @@ class BatchHook:
         out = out.withColumn(RID_COLUMN, self.output_rid(batch_id))
         if capture and not fused:
             out = out.persist()
-        stats: dict = {}
-        publishing = 0.0
-        before = list(self.counts.value)
+        apart = 0.0  # seconds of capture's own jobs
+        before = self._counted["nanos"]
+        written_nanos = None  # capture's time inside the user's tasks, where its own jobs follow them
+        errors = []
         try:
             if fused:
-                self._write_through(out, batch_id, plan, run)
+                self.sink.write(out.where(self.outputs(*self._output_columns)).select(*self._named), batch_id)
             elif not written:
                 self.sink.write(out.select(*self._named), batch_id)
             if capture and not fused:
-                publish_started = time.monotonic()
+                written_nanos = self.counts.value()["nanos"] - before
+                apart_started = time.monotonic()
                 context.setLocalProperty(CAPTURE_PROPERTY, "publish")
                 try:
-                    stats = self._capture(frame, out, batch_id, plan, run)
+                    errors = self._journal_apart(frame, out)
                 finally:
                     context.setLocalProperty(CAPTURE_PROPERTY, None)
-                publishing = time.monotonic() - publish_started
+                apart = time.monotonic() - apart_started
         finally:
             context.setLocalProperty(PROPERTY, None)
             if capture and not fused:
                 out.unpersist()
             if capture and boxes:
                 frame.unpersist()
-        if capture:
-            publishing += self._executors(stats, before, fused)
+        stats = self._stats(capture, errors)
+        nanos = stats.pop("nanos", 0) if written_nanos is None else written_nanos
+        metrics.TASK_SECONDS.labels(self.traced.name).inc(nanos / 1e9)
+        # Capture's time: its own jobs, and its time inside the user's tasks, spread over the cores.
+        publishing = apart + nanos / 1e9 / self.parallelism
         status = self._status(plan, stats)
         rest = time.monotonic() - started - publishing
         if not self.log_only:
@@ -413,26 +429,40 @@ class BatchHook:
         metrics.record_batch(self.traced.name, status, stats, publishing)
         metrics.OVERHEAD_RATIO.labels(self.traced.name).set(metrics.overhead_ratio(publishing, rest))
         extra = {"sampled_fraction": plan.fraction} if plan.level == SAMPLED else {}
-        files = self._files(batch_id)
-        if files is not None:
-            extra["sink_files"] = files
         if written:
             extra["sink_written_before"] = True
         self.traced.tracer.publish_log(
-            LOG_BATCH, query=self.traced.name, batch=batch_id, status=status,
-            seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3), **extra, **stats,
-            tables=versions,
+            LOG_BATCH, later=functools.partial(self._files, batch_id), query=self.traced.name, batch=batch_id,
+            status=status, seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3),
+            **extra, **stats, tables=versions,
         )
 
-    def _files(self, batch_id: int) -> list[str] | None:
-        """The files the batch added to the sink, or None; the sink has committed the batch by
-        now, so a failure to read its log costs the batch's log entry that list, not the batch."""
+    def _stats(self, capture: bool, errors: list[str]) -> dict:
+        """What this batch's journal filters did (the accumulators since the last batch), as the batch
+        log reports it; ``nanos`` is taken out by the caller."""
+        now = self.counts.value()
+        previous, self._counted = self._counted, now
+        if not capture:
+            return {}
+        delta = {name: now[name] - previous[name] for name in now}
+        stats = {"rows_out": delta.pop("rows"), **delta}
+        failed = stats.pop("failed")
+        if failed:
+            errors = [*errors, f"lineage failed in {failed} task(s); see the executors' logs"]
+        if errors:
+            stats["error"] = "; ".join(errors)[:500]
+        return stats
+
+    def _files(self, batch_id: int) -> dict:
+        """The files the batch added to the sink, read by the tracer's thread once the sink has
+        committed the batch; a failure to read its log costs the batch's log entry that list."""
         try:
-            return self.sink.files(batch_id)
+            files = self.sink.files(batch_id)
         except Exception:
             log.warning("the files batch %s of %s wrote to its sink are not known", batch_id, self.traced.name,
                         exc_info=True)
-            return None
+            return {}
+        return {} if files is None else {"sink_files": files}
 
     def _refuse(self, batch_id: int, versions: dict, started: float) -> None:
         """A sink whose own log holds batches after this one belongs to another run (a new
@@ -446,62 +476,14 @@ class BatchHook:
             LOG_BATCH, query=self.traced.name, batch=batch_id, status="failed",
             seconds=round(time.monotonic() - started, 3), capture_seconds=0.0, error=error, tables=versions)
 
-    def _fusable(self, fields) -> bool:
-        """Whether lineage can ride in the job that writes the sink.
-
-        Not with black boxes (their lineage needs rows the sink does not get), nor for
-        columns Arrow cannot carry; and only into sinks that read every row of a batch
-        (``Sink.reads_every_row``: not the user's own code, nor console), checked per batch.
-        """
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-
-        if self.traced.threaded.black_boxes:
-            return False
-        try:
-            to_arrow_schema(StructType(list(fields)),
-                            timezone=self.traced.tracer.spark.conf.get("spark.sql.session.timeZone"))
-            return True
-        except Exception:
-            log.info("lineage of %s gets a job of its own: its columns do not all fit Arrow",
-                     self.traced.name, exc_info=True)
-            return False
-
-    def _write_through(self, out: DataFrame, batch_id: int, plan: Plan, run: int | None) -> None:
-        """Write the sink with lineage published by the same tasks (their counts go to ``counts``)."""
-        threaded = self.traced.threaded
-        ctx = self._context(batch_id, threaded.ir.id, self._edges_from(threaded.sources, batch_id), run=run)
-        fn = functools.partial(publish_through, ctx=ctx, target=self.target, keep=self.keep,
-                               fraction=plan.fraction if plan.level == SAMPLED else None, counts=self.counts)
-        if self._kept_schema is None:
-            self._kept_schema = out.select(*self._keep_columns).schema
-        inputs = out.select(*self._rid_inputs)
-        self.sink.write(inputs.mapInArrow(fn, self._kept_schema).select(*self._named), batch_id)
-
-    def _executors(self, stats: dict, before: list, fused: bool) -> float:
-        """Add what the executors counted since ``before`` (lineage written through the sink, state edges
-        published by the tasks feeding aggregates) to ``stats``; returns their capture seconds, their
-        time on lineage spread over the cores that ran them."""
-        delta = [after - was for after, was in zip(self.counts.value, before)]
-        counted = dict(zip(STATS, delta))
-        rows = counted.pop("rows")
-        if fused:
-            stats["rows_out"] = rows
-        self._add(stats, counted)
-        task_ms, failed = delta[len(STATS)], delta[len(STATS) + 1]
-        if failed:
-            stats["error"] = f"lineage failed in {failed} task(s); see the executors' logs"
-        metrics.TASK_SECONDS.labels(self.traced.name).inc(task_ms / 1000)
-        return task_ms / 1000 / self.parallelism
-
     def _setting(self, batch_df: DataFrame, batch_id: int, run: int | None, plan: Plan) -> Setting:
-        """The batch's setting for the tasks that publish state edges (``state_nodes.Setting``)."""
+        """The batch's setting for the journal filters of its tasks (``journal.Setting``)."""
         ops = self.traced.threaded.state_ops
         late = {}
         if ops and run is not None:
             try:  # Spark's plan of this micro-batch, with its watermarks (the hook's DataFrame only scans its rows)
                 late = late_watermarks(self._execution(batch_df), ops)
-            except Exception:  # the tasks then publish no state edges of aggregates that drop late rows
+            except Exception:  # the tasks then journal no state edges of aggregates that drop late rows
                 log.exception("the watermarks of %s's aggregates are not known for batch %s", self.traced.name,
                               batch_id)
         return Setting(batch_id, run, plan.fraction if plan.level == SAMPLED else None, late)
@@ -523,70 +505,21 @@ class BatchHook:
             return "failed"
         return FULL if plan.level == FULL else SAMPLED
 
-    def _capture(self, frame: DataFrame, out: DataFrame, batch_id: int, plan: Plan, run: int | None) -> dict:
-        """Publish the batch's lineage (all of it, or the sampled rows' edges); returns the counts."""
-        threaded = self.traced.threaded
-        if plan.level == SAMPLED:
-            out = out.where(_sampled(F.col(RID_COLUMN), plan.fraction))
-        stats = self._publish(out, self._context(batch_id, threaded.ir.id,
-                                                 self._edges_from(threaded.sources, batch_id), run=run))
-        # Counted by the publishing job itself: no job of its own.
-        stats["rows_out"] = stats.pop("rows", None)
-        if plan.level == SAMPLED:
-            stats.pop("rows_out")  # the sample's rows, not the sink's
-        if self.spec.foreach_batch is not None:
-            self._add(stats, self._publish_foreach_batch(out, batch_id))
-        inputs = {s.column: s for s in threaded.inputs}
-        for box in threaded.black_boxes:
-            # What enters a black box reaches the sink's columns it feeds.
-            sources = self._edges_from([inputs[c] for c in box.inputs], batch_id, self.masks.get(box.node_id, -1))
-            ctx = self._context(batch_id, box.node_id, sources, dst_kind="state", dst_dataset=box.dataset,
-                                exact=False, run=run)
-            entering = frame.where(F.col(BLACK_BOX_MARKER) == box.node_id)
-            if plan.level == SAMPLED:  # by the entering row's own rid: the state node is one per batch
-                entering = entering.where(_sampled(F.col(f"{box.inputs[0]}.rid"), plan.fraction))
-            entering = entering.withColumn(RID_COLUMN, F.lit(self.state_rid(box, batch_id)))
-            self._add(stats, self._publish(entering, ctx))
-        return stats
-
-    def _context(self, batch_id: int, op: int, sources: tuple[SourceEdges, ...], **destination) -> BatchContext:
-        """Edges of this query's batch ``batch_id`` that end at operator ``op``'s rows."""
-        return BatchContext(self.traced.name, self.traced.name, batch_id, op, sources, **destination)
-
-    @staticmethod
-    def _add(stats: dict, more: dict) -> None:
-        """Add another publishing job's figures; rows out are the sink's alone."""
-        more.pop("rows", None)
-        for key, value in more.items():
-            stats[key] = value if key == "error" else stats.get(key, 0) + value
-
-    def _publish_foreach_batch(self, out: DataFrame, batch_id: int) -> dict:
-        """Superset edges from every row handed to the user's foreachBatch to the batch's node.
-
-        What that code writes is out of sight: rows it writes with their ``_hw_rid`` keep
-        exact lineage; any other row it derives has this node's lineage, a superset.
-        """
-        query = self.traced.name
-        column = f"{SOURCE_PREFIX}out"
-        rows = out.select(F.lit(rids.state_rid(query, rids.FOREACH_BATCH_OP, batch_id)).alias(RID_COLUMN),
-                          F.struct(F.col(RID_COLUMN).alias("rid")).alias(column))
-        ctx = self._context(batch_id, rids.FOREACH_BATCH_OP, (SourceEdges(column, "output", query, -1, exact=False),),
-                            dst_kind="state", dst_dataset=f"foreachBatch#{query}", exact=False)
-        return self._publish(rows, ctx)
-
-    def _publish(self, rows: DataFrame, ctx: BatchContext) -> dict:
-        fn = functools.partial(publish_partition, ctx=ctx, target=self.target)
-        columns = [RID_COLUMN, *[s.column for s in ctx.sources]]
-        try:
-            # One row of counts per task, summed here: no shuffle stage for so few rows.
-            counts = rows.select(*columns).mapInArrow(fn, STATS_SCHEMA).collect()
-            return {c: sum(r[c] for r in counts) for c in STATS}
-        except Exception as exc:  # lineage must never stop the user's stream
-            log.exception("publishing lineage of batch %s failed", ctx.batch)
-            return {**{c: 0 for c in STATS if c != "rows"}, "error": str(exc)[:500]}
-
-
-def _sampled(rid, fraction: float):
-    """Whether a row is in a batch's sample: by its rid, so a retried batch samples the same rows."""
-    return F.pmod(rid, F.lit(SAMPLE_MODULUS)) < F.lit(int(fraction * SAMPLE_MODULUS))
-
+    def _journal_apart(self, frame: DataFrame, out: DataFrame) -> list[str]:
+        """Journal the batch's lineage by jobs of capture's own, over the rows the hook kept: the
+        sink's rows, the rows handed to the user's foreachBatch code, the rows entering each black
+        box. Returns what failed."""
+        jobs = [(out, self.outputs, self._output_columns)]
+        if self.foreach_batch is not None:
+            jobs.append((out, self.foreach_batch, [F.struct(F.col(RID_COLUMN).alias("rid"))]))
+        for box, journal in self.boxes:
+            jobs.append((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal,
+                         [F.col(c) for c in box.inputs]))
+        errors = []
+        for rows, journal, columns in jobs:
+            try:  # lineage must never stop the user's stream
+                rows.where(journal(*columns)).count()
+            except Exception as exc:
+                log.exception("journaling lineage of %s failed", self.traced.name)
+                errors.append(str(exc)[:500])
+        return errors

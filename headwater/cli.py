@@ -119,6 +119,26 @@ def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | Non
         _fail(f"--drain: not caught up with the topics after {max_seconds:g}s", 1)
 
 
+@main.command("drain")
+@click.option("--idle", default=60.0, show_default=True, help="Stop after this many seconds with nothing to send.")
+@click.pass_context
+def drain(ctx: click.Context, idle: float) -> None:
+    """Send the lineage capture journaled on this host (HEADWATER_SPILL_DIR) to the edges topic.
+
+    A tracer sends what its own host journals; run this where Spark executors journal and no
+    tracer runs (executors on other hosts). One drain runs per folder: a second exits at once.
+    """
+    from headwater.capture.delivery import DeliverySettings
+    from headwater.capture.journal import drain_until_idle
+    from headwater.core import config as configuration
+
+    config = configuration.load()
+    settings = DeliverySettings.of(config)
+    drained = drain_until_idle(settings, config.edges_topic, idle_s=idle)
+    _emit({"drained": drained, "folder": settings.spill_dir} if drained else
+          {"drained": False, "folder": settings.spill_dir, "reason": "another drain holds the folder"})
+
+
 @main.command("compact")
 @click.option("--threshold", type=int, default=None, help="Most rows a connected set holds (default 100,000).")
 @click.option("--buckets", type=int, default=None, help="Edge buckets of the generation (default 64).")

@@ -14,7 +14,7 @@ import pytest
 
 from headwater.adapters.kafka import ensure_topics
 from headwater.capture.budget import FULL, LOG_ONLY, SAMPLED
-from headwater.capture.publish import sampled
+from headwater.capture.journal import sampled
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH
 from headwater.demo import orders as data

@@ -1,0 +1,166 @@
+"""capture's JVM part: the journal filter of the hot path (``java/headwater/capture/Journal.java``).
+
+Lineage is journaled from the JVM because any Python UDF in a Spark task costs a fixed 50-100 ms a
+batch here (a Python worker handed the task, Arrow both ways, the rows held in the JVM meanwhile),
+more than the whole overhead budget of a 10,000-row batch (capture/README.md, "The hot path").
+
+The jar is built from ``java/`` against the pinned pyspark's jars and shipped in the package
+(``headwater-capture.jar``), so neither users nor tests need a JDK; it carries the digest of the
+sources it was built from, and ``tests/test_journal.py`` fails when they differ. Rebuild after
+changing them (javac 17 or newer):
+
+    .venv/bin/python -m headwater.capture.jar
+
+``Journals`` adds the jar to a session (``ADD JAR``) and makes each publisher's filter column: a
+nondeterministic Java UDF of one struct column, the publisher's fields. On executors (not the driver's
+JVM) the filter starts ``headwater drain`` for its host's folder when none runs (``drain_command``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+
+from .journal import PROPERTY, Publisher
+
+HERE = Path(__file__).parent
+JAR = HERE / "headwater-capture.jar"
+SOURCES = HERE / "java"
+DIGEST = "headwater/capture/source.sha256"  # inside the jar
+CLASS = "headwater.capture.Journal"
+DRAIN_IDLE_S = 60.0  # an executor's drain process exits after this long with nothing to send
+COUNTS = ("rows", "edges", "spilled_edges", "dropped_edges", "bytes", "nanos", "failed")  # Journal's accumulators
+
+
+def source_digest(root: Path = SOURCES) -> str:
+    """The digest of the Java sources, as the jar records it."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.java")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def built_digest(jar: Path = JAR) -> str | None:
+    """The digest of the sources ``jar`` was built from; None if it records none."""
+    try:
+        with zipfile.ZipFile(jar) as archive:
+            return archive.read(DIGEST).decode().strip()
+    except (FileNotFoundError, KeyError):
+        return None
+
+
+def build(out: Path = JAR) -> Path:
+    """Compile ``java/`` with javac against pyspark's jars into ``out``."""
+    import pyspark
+
+    javac = shutil.which("javac")
+    if javac is None:
+        raise RuntimeError("building headwater's capture jar needs javac (a JDK 17 or newer)")
+    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
+    with tempfile.TemporaryDirectory() as tmp:
+        classes = Path(tmp)
+        sources = [str(p) for p in sorted(SOURCES.rglob("*.java"))]
+        subprocess.run([javac, "--release", "17", "-Xlint:all,-path", "-Werror", "-cp", classpath,
+                        "-d", str(classes), *sources], check=True)
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\nCreated-By: headwater\r\n\r\n")
+            for path in sorted(classes.rglob("*.class")):
+                archive.write(path, path.relative_to(classes).as_posix())
+            archive.writestr(DIGEST, source_digest() + "\n")
+    return out
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One traced query's accumulators of what its journal filters did (``COUNTS``), read by the hook."""
+
+    accumulators: tuple
+
+    @staticmethod
+    def make(spark: SparkSession, query: str) -> "Counts":
+        sc = spark.sparkContext._jsc.sc()
+        return Counts(tuple(sc.longAccumulator(f"headwater {query} {name}") for name in COUNTS))
+
+    def value(self) -> dict[str, int]:
+        return {name: int(acc.sum()) for name, acc in zip(COUNTS, self.accumulators)}
+
+
+def drain_command(spark: SparkSession, env: dict[str, str], idle_s: float = DRAIN_IDLE_S) -> str:
+    """What an executor runs to drain its host's journal: ``headwater drain`` under the Python its
+    PySpark workers use (``spark.pyspark.python``, else PySpark's ``PYSPARK_PYTHON`` rule), with ``env``
+    (``HEADWATER_*`` delivery settings; the executor adds its folder). JSON, as ``Journal`` reads it."""
+    python = spark.conf.get("spark.pyspark.python", None) or spark.sparkContext.pythonExec
+    command = [python, "-m", "headwater.cli", "drain", "--idle", f"{idle_s:g}"]
+    return json.dumps({"command": command, "env": env})
+
+
+class Journals:
+    """A session's journal filters: ``column(publisher, counts)`` makes one, true for every row, that
+    journals the publisher's fields from the JVM; build it once per publisher and reuse it. ``drain``:
+    ``drain_command``'s JSON, or "" for executors that start no drain."""
+
+    def __init__(self, spark: SparkSession, folder: str, max_bytes: int, drain: str = ""):
+        if built_digest() != source_digest():
+            raise RuntimeError(f"{JAR} was not built from the Java sources beside it: rebuild it with "
+                               f"`python -m headwater.capture.jar`")
+        self.spark = spark
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.drain = drain
+        loader = spark._jsparkSession.sharedState().jarClassLoader()
+        if str(JAR) not in {url.getPath() for url in loader.getURLs()}:  # once per session: Spark warns after
+            spark.sql(f"ADD JAR '{JAR}'")
+        self._class = loader.loadClass(CLASS)
+
+    def column(self, publisher: Publisher, counts: Counts):
+        """The journal UDF for ``publisher``: apply it to ``F.struct`` of the publisher's fields."""
+        gateway = self.spark.sparkContext._gateway
+        jvm = gateway.jvm
+        string = jvm.java.lang.Class.forName("java.lang.String")
+        types = [string, string, string, jvm.java.lang.Long.TYPE, string, jvm.java.lang.Class.forName("[I"),
+                 jvm.java.lang.Integer.TYPE, string, string,
+                 jvm.java.lang.Class.forName("[Lorg.apache.spark.util.LongAccumulator;")]
+        inputs = gateway.new_array(jvm.int, len(publisher.inputs))
+        for i, name in enumerate(publisher.inputs):
+            inputs[i] = publisher.fields.index(name)
+        accumulators = gateway.new_array(jvm.org.apache.spark.util.LongAccumulator, len(COUNTS))
+        for i, acc in enumerate(counts.accumulators):
+            accumulators[i] = acc
+        late = publisher.fields.index(publisher.late) if publisher.late is not None else -1
+        args = [publisher.to_json(), self.folder, PROPERTY, self.max_bytes, publisher.mode, inputs, late,
+                str(publisher.op), self.drain, accumulators]
+        signature = gateway.new_array(jvm.java.lang.Class, len(types))
+        values = gateway.new_array(jvm.java.lang.Object, len(args))
+        for i, (t, a) in enumerate(zip(types, args)):
+            signature[i], values[i] = t, a
+        judf = self._class.getMethod("udf", signature).invoke(None, values)
+        return _Filter(judf, publisher.fields, self.spark.sparkContext)
+
+
+class _Filter:
+    """A publisher's journal filter: called with a column for each of its fields, in order."""
+
+    def __init__(self, judf, fields: tuple[str, ...], context):
+        self._judf = judf
+        self.fields = fields
+        self._context = context
+
+    def __call__(self, *columns: Column) -> Column:
+        from pyspark.sql.classic.column import Column as ClassicColumn, _to_seq
+
+        struct = F.struct(*[c.alias(name) for c, name in zip(columns, self.fields)])
+        return ClassicColumn(self._judf.apply(_to_seq(self._context, [struct], lambda c: c._jc)))
+
+
+if __name__ == "__main__":
+    print(build(Path(sys.argv[1]) if len(sys.argv) > 1 else JAR))
