@@ -117,9 +117,10 @@ class Spill:
         self.folder = Path(folder)
         self.max_bytes = max_bytes
 
-    def files(self) -> list[Path]:
+    def files(self, suffix: str = _SUFFIX) -> list[Path]:
+        """The folder's files of one kind, oldest first: spilled messages, or (``.rows``) journal files."""
         try:
-            return sorted(p for p in self.folder.iterdir() if p.name.endswith(_SUFFIX))
+            return sorted(p for p in self.folder.iterdir() if p.name.endswith(suffix))
         except FileNotFoundError:
             return []
 

@@ -7,7 +7,7 @@ publisher's spec, the batch's ``Setting`` and an Arrow IPC stream. Late rows and
 sampled batch's sample are left out there, and the edges counted, so the batch's capture record is
 exact when the batch ends.
 
-The drain (``Drain``, in the tracer's own thread; ``headwater journal drain`` on other hosts) turns each
+The drain (``Drain``, in the tracer's own thread; ``headwater drain`` on other hosts) turns each
 file into lineage payloads (``convert``: ``lineage.lineage_tables`` per the publisher's ``Group``s) and
 sends them through a ``delivery.Delivery``: what the broker does not take is spilled as ``*.msg`` files
 and sent once it answers again. A file is claimed by renaming before it is read and deleted only once
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from headwater.core import rid as rids
 from headwater.core.schema import encode_lineage
 
-from .delivery import DROPPED, Delivery, DeliverySettings, Spill
+from .delivery import Delivery, DeliverySettings, Spill
 from .lineage import BatchContext, SourceEdges, lineage_tables
 
 log = logging.getLogger("headwater.capture")
@@ -185,7 +185,8 @@ class Drain:
     """Turns the journal's files into payloads on the edges topic; one per process and folder.
 
     ``run_once`` claims the folder's ``*.rows`` files oldest first, converts and delivers each
-    (``Delivery.deliver``: sent, or spilled as ``*.msg`` while the broker is away), and deletes it;
+    (``Delivery.deliver``: sent, or spilled as ``*.msg`` while the broker is away, past the folder's
+    bound if need be), and deletes it;
     a file that cannot be read is moved aside as ``*.rows.bad`` (logged) rather than retried forever.
     """
 
@@ -197,10 +198,7 @@ class Drain:
         self.delivery: Delivery | None = None
 
     def files(self) -> list[Path]:
-        try:
-            return sorted(p for p in self.spill.folder.iterdir() if p.name.endswith(ROWS))
-        except FileNotFoundError:
-            return []
+        return self.spill.files(ROWS)
 
     def run_once(self, budget_s: float = 5.0) -> int:
         """Convert and deliver journal files for at most ``budget_s``; returns how many."""
@@ -222,10 +220,8 @@ class Drain:
                 os.replace(claimed, path.with_name(path.name + ".bad"))
                 continue
             self.delivery = self.delivery or Delivery(self.settings)
-            outcomes = self.delivery.deliver(messages, bounded=False)
-            if any(o == DROPPED for o in outcomes):  # not sent, and no room to spill: converted again later
-                self.spill.release(claimed)
-                break
+            # Unbounded: what is not sent is spilled, since the file it replaces was counted in the bound.
+            self.delivery.deliver(messages, bounded=False)
             claimed.unlink(missing_ok=True)
             done += 1
             if self.on_sent is not None:

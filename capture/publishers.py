@@ -14,20 +14,22 @@ from .rewrite import RID_COLUMN, SOURCE_PREFIX, BlackBox, TracedSource
 FOREACH_BATCH_COLUMN = f"{SOURCE_PREFIX}out"  # the sink's rows, as they go into the user's foreachBatch code
 
 
-def edges_of(query: str, sources, masks: dict[int, int], mask: int | None = None) -> tuple[SourceEdges, ...]:
-    """How each source's rows link to the rows of a batch; ``mask`` overrides the plan's masks.
+def source_edges(query: str, source: TracedSource, column: str, mask: int) -> SourceEdges:
+    """How the rows of ``source``, in the journaled field ``column``, link to the rows of a batch.
 
     A black box's rows are its state node: one for all batches if it keeps state, else one per batch
-    (``SourceEdges.node``, named for each batch's lineage).
+    (``SourceEdges.node``, named for each batch's lineage); its edges are never exact.
     """
-    edges = []
-    for s in sources:
-        blackbox = s.source == "blackbox"
-        edges.append(SourceEdges(
-            s.column, s.source, s.dataset, masks.get(s.node_id, -1) if mask is None else mask,
-            rid=rids.state_rid(query, s.node_id, None) if blackbox and s.stateful else None, exact=not blackbox,
-            node=s.node_id if blackbox and not s.stateful else None))
-    return tuple(edges)
+    blackbox = source.source == "blackbox"
+    return SourceEdges(column, source.source, source.dataset, mask,
+                       rid=rids.state_rid(query, source.node_id, None) if blackbox and source.stateful else None,
+                       exact=not blackbox, node=source.node_id if blackbox and not source.stateful else None)
+
+
+def edges_of(query: str, sources, masks: dict[int, int], mask: int | None = None) -> tuple[SourceEdges, ...]:
+    """``source_edges`` of each source, in its own column; ``mask`` overrides the plan's masks."""
+    return tuple(source_edges(query, s, s.column, masks.get(s.node_id, -1) if mask is None else mask)
+                 for s in sources)
 
 
 def outputs_publisher(query: str, op: int, sources: list[TracedSource], masks: dict[int, int]) -> Publisher:

@@ -24,7 +24,8 @@ from headwater.core import rid as rids
 
 from .jvm_listener import QUERY_ID_PROPERTY
 from .journal import Group, Publisher
-from .lineage import BatchContext, SourceEdges
+from .lineage import BatchContext
+from .publishers import source_edges
 from .rewrite import StateOp
 
 
@@ -32,12 +33,8 @@ def entering_publisher(op: StateOp, query: str) -> Publisher:
     """What the rows entering ``op`` journal: per input, an edge from its rid to its group's state node."""
     groups = []
     for i, source in enumerate(op.inputs):
-        blackbox = source.source == "blackbox"
-        rid = rids.state_rid(query, source.node_id, None) if blackbox and source.stateful else None
-        edges = SourceEdges(f"s{i}", source.source, source.dataset, op.masks[i], rid=rid, exact=not blackbox,
-                            node=source.node_id if blackbox and not source.stateful else None)
-        template = BatchContext(query, query, 0, op.node_id, (edges,), dst_kind="state", dst_dataset=op.dataset,
-                                dst_in_batch=False)
+        template = BatchContext(query, query, 0, op.node_id, (source_edges(query, source, f"s{i}", op.masks[i]),),
+                                dst_kind="state", dst_dataset=op.dataset, dst_in_batch=False)
         groups.append(Group(template, dst=f"k{i}", state_key=True))
     n = len(op.inputs)
     fields = tuple([f"k{i}" for i in range(n)] + [f"s{i}" for i in range(n)] + (["late"] if op.late_key is not None

@@ -83,6 +83,7 @@ public final class Journal implements UDF1<Row, Boolean> {
     static final String DRAIN_LOCK = "drain.lock"; // as journal.LOCK
     private static final AtomicLong SEQUENCE = new AtomicLong();
     private static final Map<String, Long> DRAIN_CHECKED = new ConcurrentHashMap<>();
+    private static final ObjectMapper JSON = new ObjectMapper(); // thread-safe for reading: one per JVM, not per task
 
     private final String spec;
     private final String folder;
@@ -173,7 +174,7 @@ public final class Journal implements UDF1<Row, Boolean> {
             Long mark = null;
             if (setting != null) {
                 try {
-                    JsonNode parsed = new ObjectMapper().readTree(setting);
+                    JsonNode parsed = JSON.readTree(setting);
                     JsonNode given = parsed.get("fraction");
                     sample = given == null || given.isNull() ? null : given.asDouble();
                     if (late >= 0) {
@@ -383,7 +384,7 @@ public final class Journal implements UDF1<Row, Boolean> {
         } catch (OverlappingFileLockException e) {
             return; // another thread of this JVM is checking
         }
-        JsonNode parsed = new ObjectMapper().readTree(drain);
+        JsonNode parsed = JSON.readTree(drain);
         List<String> command = new ArrayList<>();
         parsed.get("command").forEach(part -> command.add(part.asText()));
         ProcessBuilder builder = new ProcessBuilder(command);
