@@ -10,7 +10,9 @@ seconds (10,000 rows/s offered by default):
 - ``join``: those orders joined with a payments stream within 10 seconds (watermarks).
 
 Each query runs ``--batches`` micro-batches from a fresh checkpoint, in four modes in
-turn, ``--rounds`` times after one uncounted warm-up round:
+turn, ``--rounds`` times after one uncounted warm-up round; each round starts the turn one
+mode later, so no mode always runs after the same one (the JVM's warming and a mode's
+leftovers, such as its garbage, fall on every mode alike):
 
 - ``bare``: no headwater at all;
 - ``off``: ``attach`` done (listeners registered), the query not traced;
@@ -30,7 +32,7 @@ batches that take longer than it run back to back). Starts its own local stack (
 graph) on free ports. The last line printed is one JSON object.
 
     .venv/bin/python bench/capture_overhead.py [--rows-per-batch 10000] [--offered 10000]
-        [--batches 6] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
+        [--batches 10] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ MODES = ("bare", "off", "on", "log")
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def turn(modes: tuple, start: int) -> tuple:
+    """``modes`` in turn, starting ``start`` places on (wrapping)."""
+    start %= len(modes)
+    return modes[start:] + modes[:start]
 
 
 def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int):
@@ -169,7 +177,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows-per-batch", type=int, default=10000)
     parser.add_argument("--offered", type=int, default=10000, help="rows per second each source offers")
-    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="1000,10000,100000", help="batch sizes of the curve; empty: none")
     parser.add_argument("--size-rounds", type=int, default=1)
@@ -186,7 +194,7 @@ def main(argv=None) -> None:
     with bench_stack("headwater-bench") as (home, config, spark):
         for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
             for shape in SHAPES:
-                for mode in MODES:
+                for mode in turn(MODES, round_):
                     tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
                     got, elapsed, costs = run_once(spark, config, home, shape, mode, tag, args, args.rows_per_batch)
                     if round_ >= 0:
@@ -199,11 +207,11 @@ def main(argv=None) -> None:
                     say(f"round {round_} {shape} {mode}: median {statistics.median(got):.0f} ms, "
                         f"run {elapsed:.1f} s")
         for round_ in range(args.size_rounds):
-            for size in sizes:
+            for k, size in enumerate(sizes):
                 if size == args.rows_per_batch:
                     continue  # the reference rounds measured it
                 for shape in SHAPES:
-                    for mode in ("off", "on", "log"):
+                    for mode in turn(("off", "on", "log"), round_ + k):
                         tag = f"{shape}-{mode}-{size}-{round_}"
                         got, _, _ = run_once(spark, config, home, shape, mode, tag, args, size)
                         by_size[(shape, size, mode)].extend(got)

@@ -38,6 +38,7 @@ JAR = HERE / "headwater-capture.jar"
 SOURCES = HERE / "java"
 DIGEST = "headwater/capture/source.sha256"  # inside the jar
 CLASS = "headwater.capture.Journal"
+WATERMARKS = "headwater.capture.Watermarks"
 DRAIN_IDLE_S = 60.0  # an executor's drain process exits after this long with nothing to send
 COUNTS = ("rows", "edges", "spilled_edges", "dropped_edges", "bytes", "nanos", "failed")  # Journal's accumulators
 
@@ -121,6 +122,22 @@ class Journals:
         if str(JAR) not in {url.getPath() for url in loader.getURLs()}:  # once per session: Spark warns after
             spark.sql(f"ADD JAR '{JAR}'")
         self._class = loader.loadClass(CLASS)
+        plan = spark._jvm.java.lang.Class.forName("org.apache.spark.sql.execution.SparkPlan")
+        self._late = loader.loadClass(WATERMARKS).getMethod("late", self._classes([plan]))
+
+    def _classes(self, classes: list):
+        array = self.spark.sparkContext._gateway.new_array(self.spark._jvm.java.lang.Class, len(classes))
+        for i, c in enumerate(classes):
+            array[i] = c
+        return array
+
+    def watermarks(self, executed_plan) -> list[dict]:
+        """The ``StateStoreSaveExec``s of a micro-batch's executed plan, as ``Watermarks.late`` reads them
+        in one call: ``{"keys": [expression id, …], "late": microseconds or None}`` each."""
+        gateway = self.spark.sparkContext._gateway
+        args = gateway.new_array(self.spark._jvm.java.lang.Object, 1)
+        args[0] = executed_plan
+        return json.loads(self._late.invoke(None, args))
 
     def column(self, publisher: Publisher, counts: Counts):
         """The journal UDF for ``publisher``: apply it to ``F.struct`` of the publisher's fields."""
@@ -139,11 +156,10 @@ class Journals:
         late = publisher.fields.index(publisher.late) if publisher.late is not None else -1
         args = [publisher.to_json(), self.folder, PROPERTY, self.max_bytes, publisher.mode, inputs, late,
                 str(publisher.op), self.drain, accumulators]
-        signature = gateway.new_array(jvm.java.lang.Class, len(types))
         values = gateway.new_array(jvm.java.lang.Object, len(args))
-        for i, (t, a) in enumerate(zip(types, args)):
-            signature[i], values[i] = t, a
-        judf = self._class.getMethod("udf", signature).invoke(None, values)
+        for i, a in enumerate(args):
+            values[i] = a
+        judf = self._class.getMethod("udf", self._classes(types)).invoke(None, values)
         return _Filter(judf, publisher.fields, self.spark.sparkContext)
 
 

@@ -49,35 +49,16 @@ def entering_column(op: StateOp, columns: list[Column], query: str, journals, co
     return journals.column(entering_publisher(op, query), counts)(*columns)
 
 
-def late_watermarks(execution, ops: list[StateOp]) -> dict[str, int | None]:
+def late_watermarks(saves: list[dict], ops: list[StateOp]) -> dict[str, int | None]:
     """Per aggregate (by node id) that drops late rows, the watermark (microseconds) this batch drops them
-    by, as Spark's ``StateStoreSaveExec`` of that aggregate holds it in ``execution`` (the micro-batch's
-    ``IncrementalExecution``, which the foreachBatch hook's DataFrame carries); None where it drops none
-    (complete mode).
+    by, as Spark's ``StateStoreSaveExec`` of that aggregate holds it; None where it drops none (complete
+    mode). ``saves`` are the micro-batch's ``StateStoreSaveExec``s as ``Journals.watermarks`` reads them.
 
     An aggregate whose operator cannot be found is left out: its rows' edges are then not published
     (the journal filter counts the task failed), rather than published without knowing which rows are late.
     """
     wanted = {op.late_key: op.node_id for op in ops if op.late_key is not None}
-    if not wanted:
-        return {}
-    found: dict[str, int | None] = {}
-    nodes = [execution.executedPlan()]
-    while nodes:
-        node = nodes.pop()
-        if node.getClass().getSimpleName() == "StateStoreSaveExec":
-            keys = node.keyExpressions()
-            ids = {keys.apply(i).exprId().id() for i in range(keys.size())
-                   if keys.apply(i).getClass().getSimpleName() == "AttributeReference"}
-            mode = node.outputMode()
-            complete = mode.isDefined() and mode.get().toString().lower() == "complete"
-            expression = node.watermarkExpressionForLateEvents()  # <watermark column> <= <watermark>, in µs
-            for expr_id in ids & set(wanted):
-                late = None if complete or not expression.isDefined() else int(expression.get().right().value())
-                found[str(wanted[expr_id])] = late
-        children = node.children()
-        nodes.extend(children.apply(i) for i in range(children.size()))
-    return found
+    return {str(wanted[key]): save["late"] for save in saves for key in save["keys"] if key in wanted}
 
 
 def run_of(spark) -> int | None:

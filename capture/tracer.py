@@ -29,7 +29,7 @@ from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core.config import Config
 from headwater.core.plan import column_masks, location_key, places, plan_fingerprint
-from headwater.core.schema import LOG_BATCH, encode_log
+from headwater.core.schema import LOG_BATCH, LOG_PROGRESS, encode_log
 
 from . import metrics
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
@@ -146,17 +146,12 @@ class Tracer:
         Neither the stream nor the listener ever waits for the broker on account of the
         log or of lineage; spilled messages go out once the broker is back (topics made
         again if it lost them). A batch's log record wakes it, so what the batch journaled
-        is sent right after the batch.
+        is sent right after the batch: once Spark has finished it (its progress record follows), so
+        that sending takes no time from the batch itself (``collect``).
         """
         delivery = Delivery(self.delivery_settings)
         while True:
-            records = []
-            try:
-                records.append(self._log_queue.get(timeout=every_s))
-                while len(records) < 500:
-                    records.append(self._log_queue.get_nowait())
-            except queue.Empty:
-                pass
+            records = collect(self._log_queue, every_s)
             try:
                 delivery.drain(budget_s=5.0)  # first: it is the one to probe a broker coming back
                 # A record's fields computed off the stream's path (``publish_log(later=…)``).
@@ -246,6 +241,31 @@ class Tracer:
                 log.error("spill full: log record %s of %s lost", schema, fields.get("query"))
 
 
+def collect(records: queue.Queue, wait_s: float, most: int = 500) -> list[tuple]:
+    """What the tracer's thread sends next: the queued log records, waiting up to ``wait_s`` for the first.
+
+    A batch's record is queued as its hook ends, while Spark still commits the batch; its progress
+    record follows once the batch is over. Until that one comes (or ``wait_s`` more has passed), this
+    waits for it, so that the journal the batch wrote is sent between batches rather than during one.
+    """
+    got: list[tuple] = []
+    unfinished: set[tuple] = set()  # (query, batch) of batch records whose progress record is still to come
+    try:
+        got.append(records.get(timeout=wait_s))
+        deadline = time.monotonic() + wait_s
+        while len(got) < most:
+            _, _, schema, fields, _ = got[-1]
+            if schema == LOG_BATCH:
+                unfinished.add((fields.get("query"), fields.get("batch")))
+            elif schema == LOG_PROGRESS:
+                unfinished.discard((fields.get("query"), fields.get("batch")))
+            left = deadline - time.monotonic()
+            got.append(records.get(timeout=left) if unfinished and left > 0 else records.get_nowait())
+    except queue.Empty:
+        pass
+    return got
+
+
 def _optimized_plan(df: DataFrame, name: str) -> list | None:
     """The user's plan, optimized, for the log-only fallback; None (logged) if Spark cannot
     give it: the query is traced all the same, and its gaps are answered as whole batches."""
@@ -316,16 +336,16 @@ class BatchHook:
         self._named = [*[F.col(p).alias(n) for p, n in self.user], *([F.col(RID_COLUMN)] if traced.emit_rid else [])]
         self.tables = {location_key(location): location for node in threaded.ir.walk()
                        if node.detail.get("source") == "static" for location in node.detail.get("locations", [])}
-        # The journal filters of what this query publishes from the hook (``publishers.py``).
+        # The journal filters of what this query publishes from the hook (``publishers.py``): filter
+        # conditions built once, which a batch only puts in its plan.
         journals, name = traced.tracer.journals, traced.name
         self.outputs = journals.column(outputs_publisher(name, threaded.ir.id, threaded.sources, self.masks),
-                                       self.counts)
-        self._output_columns = [F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources]]
+                                       self.counts)(F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources])
         inputs = {s.column: s for s in threaded.inputs}
-        self.boxes = [(box, journals.column(black_box_publisher(name, box, inputs, self.masks), self.counts))
-                      for box in threaded.black_boxes]
-        self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts) \
-            if spec.foreach_batch is not None else None
+        self.boxes = [(box, journals.column(black_box_publisher(name, box, inputs, self.masks), self.counts)(
+            *[F.col(c) for c in box.inputs])) for box in threaded.black_boxes]
+        self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts)(
+            F.struct(F.col(RID_COLUMN).alias("rid"))) if spec.foreach_batch is not None else None
 
     def table_versions(self) -> dict[str, str]:
         """The version of each file-backed static table the batch reads (``table_files.table_version``),
@@ -384,9 +404,9 @@ class BatchHook:
         # own code, console) or is not written, or black boxes need rows the sink does not get.
         fused = capture and not boxes and self.sink.reads_every_row and not written
         context = batch_df.sparkSession.sparkContext
-        run = run_of(batch_df.sparkSession)
         if capture:  # what the journal filters of this batch's tasks need
-            context.setLocalProperty(PROPERTY, self._setting(batch_df, batch_id, run, plan).to_json())
+            setting = self._setting(batch_df, batch_id, run_of(batch_df.sparkSession), plan)
+            context.setLocalProperty(PROPERTY, setting.to_json())
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
@@ -399,7 +419,7 @@ class BatchHook:
         errors = []
         try:
             if fused:
-                self.sink.write(out.where(self.outputs(*self._output_columns)).select(*self._named), batch_id)
+                self.sink.write(out.where(self.outputs).select(*self._named), batch_id)
             elif not written:
                 self.sink.write(out.select(*self._named), batch_id)
             if capture and not fused:
@@ -412,7 +432,8 @@ class BatchHook:
                     context.setLocalProperty(CAPTURE_PROPERTY, None)
                 apart = time.monotonic() - apart_started
         finally:
-            context.setLocalProperty(PROPERTY, None)
+            if capture:
+                context.setLocalProperty(PROPERTY, None)
             if capture and not fused:
                 out.unpersist()
             if capture and boxes:
@@ -440,6 +461,8 @@ class BatchHook:
     def _stats(self, capture: bool, errors: list[str]) -> dict:
         """What this batch's journal filters did (the accumulators since the last batch), as the batch
         log reports it; ``nanos`` is taken out by the caller."""
+        if self.log_only:  # no journal filter in its plan: nothing to read
+            return {}
         now = self.counts.value()
         previous, self._counted = self._counted, now
         if not capture:
@@ -482,7 +505,8 @@ class BatchHook:
         late = {}
         if ops and run is not None:
             try:  # Spark's plan of this micro-batch, with its watermarks (the hook's DataFrame only scans its rows)
-                late = late_watermarks(self._execution(batch_df), ops)
+                saves = self.traced.tracer.journals.watermarks(self._execution(batch_df).executedPlan())
+                late = late_watermarks(saves, ops)
             except Exception:  # the tasks then journal no state edges of aggregates that drop late rows
                 log.exception("the watermarks of %s's aggregates are not known for batch %s", self.traced.name,
                               batch_id)
@@ -509,16 +533,15 @@ class BatchHook:
         """Journal the batch's lineage by jobs of capture's own, over the rows the hook kept: the
         sink's rows, the rows handed to the user's foreachBatch code, the rows entering each black
         box. Returns what failed."""
-        jobs = [(out, self.outputs, self._output_columns)]
+        jobs = [(out, self.outputs)]
         if self.foreach_batch is not None:
-            jobs.append((out, self.foreach_batch, [F.struct(F.col(RID_COLUMN).alias("rid"))]))
+            jobs.append((out, self.foreach_batch))
         for box, journal in self.boxes:
-            jobs.append((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal,
-                         [F.col(c) for c in box.inputs]))
+            jobs.append((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal))
         errors = []
-        for rows, journal, columns in jobs:
+        for rows, journal in jobs:
             try:  # lineage must never stop the user's stream
-                rows.where(journal(*columns)).count()
+                rows.where(journal).count()
             except Exception as exc:
                 log.exception("journaling lineage of %s failed", self.traced.name)
                 errors.append(str(exc)[:500])
