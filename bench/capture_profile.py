@@ -33,6 +33,7 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql.functions import arrow_udf
+from pyspark.sql.types import BooleanType
 
 sys.path.insert(0, str(Path(__file__).parent))
 from capture_overhead import SHAPES, bench_stack, reference_query  # noqa: E402
@@ -45,7 +46,7 @@ def _keep_every_row(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
         yield pa.repeat(pa.scalar(True), len(rows))
 
 
-_keep = arrow_udf(_keep_every_row, "boolean").asNondeterministic()
+_keep = arrow_udf(_keep_every_row, BooleanType()).asNondeterministic()  # a type, not DDL: no session at import
 
 
 def run_once(spark, tracers: dict, home: Path, shape: str, variant: str, tag: str, batches: int) -> list[dict]:
