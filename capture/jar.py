@@ -95,6 +95,10 @@ class Counts:
     def value(self) -> dict[str, int]:
         return {name: int(acc.sum()) for name, acc in zip(COUNTS, self.accumulators)}
 
+    def nanos(self) -> int:
+        """The ``nanos`` accumulator alone: one call into the JVM."""
+        return int(self.accumulators[COUNTS.index("nanos")].sum())
+
 
 def drain_command(spark: SparkSession, env: dict[str, str], idle_s: float = DRAIN_IDLE_S) -> str:
     """What an executor runs to drain its host's journal: ``headwater drain`` under the Python its

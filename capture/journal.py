@@ -40,7 +40,7 @@ from headwater.core import rid as rids
 from headwater.core.schema import encode_lineage
 
 from .delivery import Delivery, DeliverySettings, Spill
-from .lineage import BatchContext, SourceEdges, lineage_tables
+from .lineage import BatchContext, SourceEdges, lineage_tables, state_rids
 
 log = logging.getLogger("headwater.capture")
 
@@ -93,11 +93,7 @@ class Group:
             rid = rids.state_rid(ctx.query, self.node, None if self.stateful else ctx.batch)
             return pa.repeat(pa.scalar(rid, pa.int64()), rows.num_rows)
         values = rows.column(self.dst)
-        if self.state_key:
-            if ctx.run is None:
-                raise ValueError("state keys need the run they belong to (Setting.run)")
-            return pa.array(rids.state_node_rids(values.to_numpy(zero_copy_only=False), ctx.run), pa.int64())
-        return values
+        return state_rids(values, ctx.run) if self.state_key else values
 
     def to_dict(self) -> dict:
         return {**asdict(self), "template": {**asdict(self.template),

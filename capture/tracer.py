@@ -423,7 +423,7 @@ class BatchHook:
             elif not written:
                 self.sink.write(out.select(*self._named), batch_id)
             if capture and not fused:
-                written_nanos = self.counts.value()["nanos"] - before
+                written_nanos = self.counts.nanos() - before
                 apart_started = time.monotonic()
                 context.setLocalProperty(CAPTURE_PROPERTY, "publish")
                 try:

@@ -29,8 +29,8 @@ def put_later(records: queue.Queue, delay_s: float, *items) -> threading.Thread:
 def test_a_batch_record_waits_for_its_batchs_progress_record():
     records = queue.Queue()
     records.put(record(LOG_BATCH, batch=3))
+    started = time.monotonic()  # before the progress records' thread starts its 0.3 s
     thread = put_later(records, 0.3, record(LOG_PROGRESS, "other", 3), record(LOG_PROGRESS, batch=3))
-    started = time.monotonic()
     got = collect(records, wait_s=5.0)
     took = time.monotonic() - started
     thread.join()
