@@ -12,7 +12,8 @@ changing them (javac 17 or newer):
     .venv/bin/python -m headwater.capture.jar
 
 ``Journals`` adds the jar to a session (``ADD JAR``) and makes each publisher's filter column: a
-nondeterministic Java UDF of one struct column, the publisher's fields. On executors (not the driver's
+nondeterministic call of the journal's ``test`` on one struct column, the publisher's fields, that
+reads the struct as Spark holds it (no conversion of rows to Java objects and back). On executors (not the driver's
 JVM) the filter starts ``headwater drain`` for its host's folder when none runs (``drain_command``).
 """
 
@@ -28,7 +29,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .journal import PROPERTY, Publisher
@@ -143,14 +144,16 @@ class Journals:
         args[0] = executed_plan
         return json.loads(self._late.invoke(None, args))
 
-    def column(self, publisher: Publisher, counts: Counts):
-        """The journal UDF for ``publisher``: apply it to ``F.struct`` of the publisher's fields."""
+    def column(self, publisher: Publisher, counts: Counts, frame: DataFrame, columns: list[Column]) -> Column:
+        """``publisher``'s journal filter over ``columns`` of ``frame`` (its fields, in order): a condition
+        true for every row. ``frame`` only gives the fields' types; the column applies to any frame
+        with those columns."""
+        from pyspark.sql.classic.column import Column as ClassicColumn
+
         gateway = self.spark.sparkContext._gateway
         jvm = gateway.jvm
-        string = jvm.java.lang.Class.forName("java.lang.String")
-        types = [string, string, string, jvm.java.lang.Long.TYPE, string, jvm.java.lang.Class.forName("[I"),
-                 jvm.java.lang.Integer.TYPE, string, string,
-                 jvm.java.lang.Class.forName("[Lorg.apache.spark.util.LongAccumulator;")]
+        struct = F.struct(*[c.alias(name) for c, name in zip(columns, publisher.fields)])
+        schema = frame.select(struct).schema.fields[0].dataType.json()
         inputs = gateway.new_array(jvm.int, len(publisher.inputs))
         for i, name in enumerate(publisher.inputs):
             inputs[i] = publisher.fields.index(name)
@@ -160,26 +163,15 @@ class Journals:
         late = publisher.fields.index(publisher.late) if publisher.late is not None else -1
         args = [publisher.to_json(), self.folder, PROPERTY, self.max_bytes, publisher.mode, inputs, late,
                 str(publisher.op), self.drain, accumulators]
-        values = gateway.new_array(jvm.java.lang.Object, len(args))
-        for i, a in enumerate(args):
+        string = jvm.java.lang.Class.forName("java.lang.String")
+        types = [string, string, string, string, jvm.java.lang.Long.TYPE, string, jvm.java.lang.Class.forName("[I"),
+                 jvm.java.lang.Integer.TYPE, string, string,
+                 jvm.java.lang.Class.forName("[Lorg.apache.spark.util.LongAccumulator;")]
+        column_class = jvm.java.lang.Class.forName("org.apache.spark.sql.Column")
+        values = gateway.new_array(jvm.java.lang.Object, len(args) + 2)
+        for i, a in enumerate([struct._jc, schema, *args]):
             values[i] = a
-        judf = self._class.getMethod("udf", self._classes(types)).invoke(None, values)
-        return _Filter(judf, publisher.fields, self.spark.sparkContext)
-
-
-class _Filter:
-    """A publisher's journal filter: called with a column for each of its fields, in order."""
-
-    def __init__(self, judf, fields: tuple[str, ...], context):
-        self._judf = judf
-        self.fields = fields
-        self._context = context
-
-    def __call__(self, *columns: Column) -> Column:
-        from pyspark.sql.classic.column import Column as ClassicColumn, _to_seq
-
-        struct = F.struct(*[c.alias(name) for c, name in zip(columns, self.fields)])
-        return ClassicColumn(self._judf.apply(_to_seq(self._context, [struct], lambda c: c._jc)))
+        return ClassicColumn(self._class.getMethod("column", self._classes([column_class, *types])).invoke(None, values))
 
 
 if __name__ == "__main__":

@@ -188,10 +188,10 @@ class StateOp:
                 "columns": list(self.columns), "late_key": self.late_key}
 
 
-# entering(op, columns) -> a boolean Column, true for every row, that journals the state edges of the
-# rows (``columns``: the state key of each input, then each input's rid struct, then the watermark
+# entering(op, frame, columns) -> a boolean Column over ``frame``, true for every row, that journals the state
+# edges of the rows (``columns``: the state key of each input, then each input's rid struct, then the watermark
 # column's value if the aggregate drops late rows) as a side effect.
-Entering = Callable[[StateOp, list], Column]
+Entering = Callable[[StateOp, DataFrame, list], Column]
 
 
 def _late_column(jvm: Jvm, grouping: list) -> tuple[Column | None, int | None]:
@@ -222,7 +222,7 @@ def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: d
                  tuple(masks.get(s.node_id, -1) for s in inputs), late_key)
     if entering is not None:
         fields = keys + [F.col(a.name()) for a in attrs] + ([late] if late is not None else [])
-        plan = analyzed(child.where(entering(op, fields)))
+        plan = analyzed(child.where(entering(op, child, fields)))
         child = jvm.dataframe(plan)
     helper = analyzed(child.groupBy(*keys_of).agg(*[F.struct(k.alias("rid")).alias(c) for k, c in zip(keys, columns)]))
     extra = Jvm.items(helper.aggregateExpressions())[-len(columns):]

@@ -43,10 +43,10 @@ def entering_publisher(op: StateOp, query: str) -> Publisher:
                      mode="input", late="late" if op.late_key is not None else None, op=op.node_id)
 
 
-def entering_column(op: StateOp, columns: list[Column], query: str, journals, counts) -> Column:
-    """The filter condition below ``op``: true for every row, journaling its state edges on the way.
-    ``columns`` are the publisher's fields, in order (``entering_publisher``)."""
-    return journals.column(entering_publisher(op, query), counts)(*columns)
+def entering_column(op: StateOp, frame, columns: list[Column], query: str, journals, counts) -> Column:
+    """The filter condition below ``op`` over ``frame``: true for every row, journaling its state edges on
+    the way. ``columns`` are the publisher's fields, in order (``entering_publisher``)."""
+    return journals.column(entering_publisher(op, query), counts, frame, columns)
 
 
 def late_watermarks(saves: list[dict], ops: list[StateOp]) -> dict[str, int | None]:

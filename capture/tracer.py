@@ -336,16 +336,19 @@ class BatchHook:
         self._named = [*[F.col(p).alias(n) for p, n in self.user], *([F.col(RID_COLUMN)] if traced.emit_rid else [])]
         self.tables = {location_key(location): location for node in threaded.ir.walk()
                        if node.detail.get("source") == "static" for location in node.detail.get("locations", [])}
-        # The journal filters of what this query publishes from the hook (``publishers.py``): filter
-        # conditions built once, which a batch only puts in its plan.
+        # The journal filters of what this query publishes from the hook (``publishers.py``), built once:
+        # a batch only puts them in its plan. Their fields' types are those of the batch's frame.
         journals, name = traced.tracer.journals, traced.name
+        frame = self.streaming_frame(threaded.df)
+        out = frame.withColumn(RID_COLUMN, self.output_rid(0))
         self.outputs = journals.column(outputs_publisher(name, threaded.ir.id, threaded.sources, self.masks),
-                                       self.counts)(F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources])
+                                       self.counts, out, [F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources]])
         inputs = {s.column: s for s in threaded.inputs}
-        self.boxes = [(box, journals.column(black_box_publisher(name, box, inputs, self.masks), self.counts)(
-            *[F.col(c) for c in box.inputs])) for box in threaded.black_boxes]
-        self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts)(
-            F.struct(F.col(RID_COLUMN).alias("rid"))) if spec.foreach_batch is not None else None
+        self.boxes = [(box, journals.column(black_box_publisher(name, box, inputs, self.masks), self.counts, frame,
+                                            [F.col(c) for c in box.inputs])) for box in threaded.black_boxes]
+        self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts, out,
+                                             [F.struct(F.col(RID_COLUMN).alias("rid"))]) \
+            if spec.foreach_batch is not None else None
 
     def table_versions(self) -> dict[str, str]:
         """The version of each file-backed static table the batch reads (``table_files.table_version``),

@@ -119,11 +119,11 @@ def journal_run(spark, journals, publisher: Publisher, frame, columns, setting: 
     for old in folder.glob("*.rows"):
         old.unlink()
     counts = jar.Counts.make(spark, publisher.query)
-    column = made.column(publisher, counts)
+    column = made.column(publisher, counts, frame, columns)
     context = spark.sparkContext
     context.setLocalProperty(PROPERTY, setting.to_json() if setting else None)
     try:
-        kept = frame.where(column(*columns)).count()
+        kept = frame.where(column).count()
     finally:
         context.setLocalProperty(PROPERTY, None)
     return kept, counts.value(), sorted(folder.glob("*.rows"))
