@@ -40,6 +40,7 @@ SOURCES = HERE / "java"
 DIGEST = "headwater/capture/source.sha256"  # inside the jar
 CLASS = "headwater.capture.Journal"
 WATERMARKS = "headwater.capture.Watermarks"
+JOB_TIMES = "headwater.capture.JobTimes"
 DRAIN_IDLE_S = 60.0  # an executor's drain process exits after this long with nothing to send
 COUNTS = ("rows", "edges", "spilled_edges", "dropped_edges", "bytes", "nanos", "failed")  # Journal's accumulators
 
@@ -126,9 +127,16 @@ class Journals:
         loader = spark._jsparkSession.sharedState().jarClassLoader()
         if str(JAR) not in {url.getPath() for url in loader.getURLs()}:  # once per session: Spark warns after
             spark.sql(f"ADD JAR '{JAR}'")
+        self._loader = loader
         self._class = loader.loadClass(CLASS)
         plan = spark._jvm.java.lang.Class.forName("org.apache.spark.sql.execution.SparkPlan")
         self._late = loader.loadClass(WATERMARKS).getMethod("late", self._classes([plan]))
+
+    def job_times(self):
+        """A new ``JobTimes`` listener of the jar (``jvm_listener.JobTimes`` registers it)."""
+        gateway = self.spark.sparkContext._gateway
+        return self._loader.loadClass(JOB_TIMES).getConstructor(self._classes([])).newInstance(
+            gateway.new_array(gateway.jvm.java.lang.Object, 0))
 
     def _classes(self, classes: list):
         array = self.spark.sparkContext._gateway.new_array(self.spark._jvm.java.lang.Class, len(classes))

@@ -53,12 +53,10 @@ class ProgressListener(StreamingQueryListener):
     query, or is None for a query that is not traced, which is ignored."""
 
     def __init__(self, traced: Callable[[str], str | None], publish: Callable[..., None],
-                 observe: Callable[[dict], None] = lambda record: None,
-                 terminated: Callable[[str], None] = lambda query_id: None):
+                 observe: Callable[[dict], None] = lambda record: None):
         self._traced = traced
         self._publish = publish
         self._observe = observe  # sees each record too, for metrics
-        self._terminated = terminated  # told the Spark id of every query that ends
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -79,7 +77,4 @@ class ProgressListener(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event) -> None:
-        try:
-            self._terminated(str(event.id))
-        except Exception:
-            log.exception("noting the end of query %s failed", event.id)
+        pass

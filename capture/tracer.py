@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,9 +36,7 @@ from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .jar import Counts, Journals, drain_command
 from .journal import PROPERTY, Drain, Setting, drain_env
 from .kafka_source import KafkaSource
-from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobListener
-from .jvm_listener import register as register_job_listener
-from .jvm_listener import unregister as unregister_job_listener
+from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobTimes
 from .listener import ProgressListener
 from .publishers import black_box_publisher, foreach_batch_publisher, outputs_publisher
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, Threaded, thread_rids
@@ -80,14 +77,10 @@ class Tracer:
         self._drain = Drain(self.delivery_settings, config.edges_topic, on_sent=metrics.record_sent)
         self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
-        self._query_ids: dict[str, str] = {}  # Spark query id → traced query name
-        self._running: set[str] = set()  # Spark ids of traced queries not yet terminated
-        self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress,
-                                          self._running.discard)
+        self._query_ids: dict[str, str | None] = {}  # Spark query id → traced query name (None: untraced)
+        self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress)
         spark.streams.addListener(self._listener)
-        # Registered only while traced queries run: every Spark event costs it a py4j call.
-        self._job_listener = None
-        self._jobs_lock = threading.Lock()
+        self._job_times = JobTimes(spark, self.journals.job_times())
         self._metrics_server = metrics.serve(config.metrics_port) if config.metrics_port else None
         self._stop = threading.Event()
         self._shipper = threading.Thread(target=self._ship, name="headwater-log", daemon=True)
@@ -98,32 +91,10 @@ class Tracer:
         self._queries[spark_name] = traced_name
 
     def start_query(self, writer, traced_name: str) -> StreamingQuery:
-        """Start a traced query's ``DataStreamWriter``, the job listener listening from its first job."""
-        starting = f"starting-{uuid.uuid4()}"  # keeps the listener registered until the id is known
-        self._running.add(starting)
-        try:
-            self.listen_to_jobs(True)
-            query = writer.start()
-            self._query_ids[str(query.id)] = traced_name
-            self._running.add(str(query.id))
-            if not query.isActive:  # it ended before we noted it
-                self._running.discard(str(query.id))
-            return query
-        finally:
-            self._running.discard(starting)
-
-    @property
-    def listening_to_jobs(self) -> bool:
-        return self._job_listener is not None
-
-    def listen_to_jobs(self, listening: bool) -> None:
-        """Register the job listener, or unregister it (from outside Spark's listener thread)."""
-        with self._jobs_lock:
-            if listening and self._job_listener is None:
-                self._job_listener = register_job_listener(self.spark, JobListener(self._traced_by_id, _observe_job))
-            elif not listening and self._job_listener is not None:
-                unregister_job_listener(self.spark, self._job_listener)
-                self._job_listener = None
+        """Start a traced query's ``DataStreamWriter``, noting its Spark id."""
+        query = writer.start()
+        self._query_ids[str(query.id)] = traced_name
+        return query
 
     def _traced_by_id(self, spark_id: str) -> str | None:
         """The traced query of a Spark query id (None for any other), looked up once per id."""
@@ -165,11 +136,10 @@ class Tracer:
                 metrics.BUFFER_DEPTH.set(self._drain.pending() + self._log_queue.qsize())
             except Exception:  # this thread must outlive any broker trouble
                 log.exception("sending the log or the journal failed; retrying")
-            if not self._running and self._job_listener is not None:
-                try:  # the last traced query ended: untraced jobs pay nothing for it
-                    self.listen_to_jobs(False)
-                except Exception:
-                    log.exception("unregistering the job listener failed")
+            try:
+                self._count_job_time()
+            except Exception:
+                log.exception("reading the job times of traced queries failed")
             if self._stop.is_set() and self._log_queue.empty():
                 break
         delivery.close(timeout_s=self.config.send_timeout_s)
@@ -180,6 +150,13 @@ class Tracer:
         except Exception:
             log.exception("sending the journal at close failed; it stays in %s", self.delivery_settings.spill_dir)
         self._drain.close()
+
+    def _count_job_time(self) -> None:
+        """The job time of traced queries' batches since the last call, into ``headwater_capture_job_seconds``."""
+        for (spark_id, part), seconds in self._job_times.seconds().items():
+            traced = self._traced_by_id(spark_id)
+            if traced is not None:
+                metrics.JOB_SECONDS.labels(traced, part).inc(seconds)
 
     def trace(self, df: DataFrame, name: str, keys: dict | None = None, emit_rid: bool = True,
               black_boxes=()) -> "Traced":
@@ -216,13 +193,15 @@ class Tracer:
                 log.warning("progress events still queued at close may not be logged", exc_info=True)
             self.spark.streams.removeListener(self._listener)
             self._listener = None
-            self.listen_to_jobs(False)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
             self._metrics_server = None
         self._stop.set()
-        self._shipper.join(timeout=60)
+        self._shipper.join(timeout=60)  # its last round counts the last jobs' time
+        if self._job_times is not None:
+            self._job_times.close()
+            self._job_times = None
 
     def publish_log(self, schema: str, later=None, **fields) -> None:
         """Queue one record for the log topic; never waits for the broker.
@@ -292,10 +271,6 @@ class Traced:
         from .writer import TracedWriter
 
         return TracedWriter(self)
-
-
-def _observe_job(query: str, batch: int, part: str, seconds: float) -> None:
-    metrics.JOB_SECONDS.labels(query, part).inc(seconds)
 
 
 def _holds_map(dtype) -> bool:
