@@ -12,7 +12,6 @@ from __future__ import annotations
 
 CAPTURE_PROPERTY = "headwater.capture"  # as JobTimes.CAPTURE
 QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark's stream execution; as JobTimes.QUERY_ID
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 class JobTimes:
@@ -31,8 +30,9 @@ class JobTimes:
         for line in self._listener.totals().splitlines():
             query_id, part, millis = line.split("\t")
             key, total = (query_id, part), int(millis)
-            if total > self._read.get(key, 0):
-                new[key] = (total - self._read.get(key, 0)) / 1000
+            before = self._read.get(key, 0)
+            if total > before:
+                new[key] = (total - before) / 1000
                 self._read[key] = total
         return new
 

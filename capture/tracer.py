@@ -314,7 +314,7 @@ class BatchHook:
         # The journal filters of what this query publishes from the hook (``publishers.py``), built once:
         # a batch only puts them in its plan. Their fields' types are those of the batch's frame.
         journals, name = traced.tracer.journals, traced.name
-        frame = self.streaming_frame(threaded.df)
+        self.frame = frame = self.streaming_frame(threaded.df)  # what the writer streams into this hook
         out = frame.withColumn(RID_COLUMN, self.output_rid(0))
         self.outputs = journals.column(outputs_publisher(name, threaded.ir.id, threaded.sources, self.masks),
                                        self.counts, out, [F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources]])

@@ -134,7 +134,7 @@ class TracedWriter:
         query_name = option(spec.options, "queryName") or traced.name
         hook = BatchHook(traced, spec)
         hook.sink = open_sink(spark, spec, schema, self._output_mode)
-        writer = hook.streaming_frame(traced.threaded.df).writeStream.foreachBatch(hook).outputMode(self._output_mode)
+        writer = hook.frame.writeStream.foreachBatch(hook).outputMode(self._output_mode)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         writer = writer.queryName(query_name)

@@ -1,7 +1,7 @@
 """The JVM listener of job times (JobTimes.java), on the real SparkContext's listener bus."""
 
 from headwater.capture import jar
-from headwater.capture.jvm_listener import BATCH_ID_PROPERTY, CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobTimes
+from headwater.capture.jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobTimes
 
 
 def test_job_time_of_streaming_batches_is_split_into_user_and_capture(spark, tmp_path):
@@ -11,7 +11,6 @@ def test_job_time_of_streaming_batches_is_split_into_user_and_capture(spark, tmp
     try:
         spark.range(10).selectExpr("sum(id)").collect()  # no streaming query's job: not counted
         context.setLocalProperty(QUERY_ID_PROPERTY, "query-id-1")
-        context.setLocalProperty(BATCH_ID_PROPERTY, "7")
         spark.range(1000).selectExpr("sum(id)").collect()
         context.setLocalProperty(CAPTURE_PROPERTY, "publish")
         spark.range(10).selectExpr("sum(id)").collect()
@@ -28,7 +27,7 @@ def test_job_time_of_streaming_batches_is_split_into_user_and_capture(spark, tmp
         bus.waitUntilEmpty(10_000)
         assert set(times.seconds()) == {("query-id-1", "user")}
     finally:
-        for key in (QUERY_ID_PROPERTY, BATCH_ID_PROPERTY, CAPTURE_PROPERTY):
+        for key in (QUERY_ID_PROPERTY, CAPTURE_PROPERTY):
             context.setLocalProperty(key, None)
         times.close()
     context.setLocalProperty(QUERY_ID_PROPERTY, "query-id-1")
