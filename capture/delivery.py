@@ -28,8 +28,12 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headwater.core.config import Config
 
 log = logging.getLogger("headwater.capture")
 
@@ -51,6 +55,9 @@ class DeliverySettings:
     send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements, per flush
     breaker_cooldown_s: float = 5.0
     topic_partitions: int = 2  # for topics a returning broker lost (made again when probing)
+    # The ``core.config.Config`` the Kafka clients take their security settings and topic replication
+    # from; None: the effective config's (``adapters.kafka.config_of``). Not shown: it holds secrets.
+    config: Config | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def of(config) -> "DeliverySettings":
@@ -61,7 +68,12 @@ class DeliverySettings:
             config.bootstrap, config.spill_dir or str(default_home() / "spill"),
             spill_max_bytes=config.spill_max_bytes, buffer_bytes=config.buffer_bytes,
             send_timeout_s=config.send_timeout_s, breaker_cooldown_s=config.breaker_cooldown_s,
-            topic_partitions=config.topic_partitions)
+            topic_partitions=config.topic_partitions, config=config)
+
+    @property
+    def kafka(self):
+        """What ``adapters.kafka`` makes this delivery's clients from."""
+        return self.config if self.config is not None else self.bootstrap
 
 
 class Breaker:
@@ -238,7 +250,7 @@ class Delivery:
                     # A broker that restarted empty must not make a topic on the first send to it (with
                     # its own partition count, racing the probe's ``ensure_topics``): the send fails,
                     # is spilled, and the probe makes the topics as configured.
-                    self.settings.bootstrap, max_block_ms=1000, allow_auto_create_topics=False,
+                    self.settings.kafka, max_block_ms=1000, allow_auto_create_topics=False,
                     bootstrap_timeout_ms=2000, reconnect_backoff_max_ms=1000,
                     request_timeout_ms=int(self.settings.send_timeout_s * 1000),
                     delivery_timeout_ms=int(self.settings.send_timeout_s * 1000) + 1000,
@@ -332,7 +344,7 @@ class Delivery:
         if not unknown:
             return True
         try:
-            ensure_topics(self.settings.bootstrap, unknown, self.settings.topic_partitions, timeout_s=2.0)
+            ensure_topics(self.settings.kafka, unknown, self.settings.topic_partitions, timeout_s=2.0)
         except Exception as exc:
             log.info("broker still away (%s); spilled messages wait", exc)
             return False

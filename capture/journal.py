@@ -266,13 +266,18 @@ def sampled(rids_: np.ndarray, fraction: float) -> np.ndarray:
 
 LOCK = "drain.lock"  # held by the one drain process of a folder (``drain_until_idle``); as Journal.DRAIN_LOCK
 DRAIN_SETTINGS = ("bootstrap", "edges_topic", "spill_max_bytes", "buffer_bytes", "send_timeout_s",
-                  "breaker_cooldown_s", "topic_partitions")
+                  "breaker_cooldown_s", "topic_partitions", "topic_replication", "kafka_security_protocol")
+# Passed on when set, so that an executor's own environment (``spark.executorEnv``) can give them otherwise. The
+# SASL password itself never is: the command line is visible to anyone on the host; give it as a file.
+DRAIN_SETTINGS_IF_SET = ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password_file",
+                         "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
 
 
 def drain_env(config) -> dict[str, str]:
     """The ``HEADWATER_*`` environment of a drain process started by an executor: the delivery settings
     of ``config`` (a ``core.config.Config``); the executor adds its own folder."""
-    return {f"HEADWATER_{name.upper()}": str(getattr(config, name)) for name in DRAIN_SETTINGS}
+    names = [*DRAIN_SETTINGS, *[name for name in DRAIN_SETTINGS_IF_SET if getattr(config, name)]]
+    return {f"HEADWATER_{name.upper()}": str(getattr(config, name)) for name in names}
 
 
 def drain_until_idle(settings: DeliverySettings, topic: str, idle_s: float = 60.0, every_s: float = 0.5) -> bool:

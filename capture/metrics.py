@@ -1,8 +1,8 @@
 """Prometheus metrics of capture, ``headwater_capture_*``, labelled by traced query.
 
 They live in prometheus-client's default registry, one set per process, so several
-tracers in one job share them; ``serve(port)`` exposes them on 127.0.0.1 (the caller
-stops the server it got).
+tracers in one job share them; ``serve(port)`` exposes them on the ``metrics_host`` setting's
+address, 127.0.0.1 by default (the caller stops the server it got).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ TASK_SECONDS = Counter("headwater_capture_task_seconds",
                        "Time capture spent inside the user's tasks (journaling lineage)", ["query"])
 LISTENER_LAG_SECONDS = Gauge("headwater_capture_listener_lag_seconds",
                              "Last batch: from its end to its progress reaching the listener", ["query"])
+# The budget beside the ratio, so that an alert can compare the two per query (deploy/prometheus/rules.yaml).
+OVERHEAD_BUDGET = Gauge("headwater_capture_overhead_budget",
+                        "The query's overhead budget: capture time over the batch's own time it allows; 0: no limit",
+                        ["query"])
 
 
 def record_batch(query: str, status: str, stats: dict, publish_seconds: float) -> None:
@@ -60,8 +64,13 @@ def overhead_ratio(publish_seconds: float, batch_seconds: float) -> float:
     return publish_seconds / max(batch_seconds - publish_seconds, 1e-3)
 
 
-def serve(port: int, host: str = "127.0.0.1"):
-    """Start the ``/metrics`` endpoint; returns the server, whose ``shutdown()`` stops it."""
+def serve(port: int, host: str | None = None):
+    """Start the ``/metrics`` endpoint on ``host`` (default: the effective config's ``metrics_host``);
+    returns the server, whose ``shutdown()`` stops it."""
+    if host is None:
+        from headwater.core import config as configuration
+
+        host = configuration.load().metrics_host
     try:
         server, _ = start_http_server(port, addr=host)
     except OSError as exc:

@@ -58,9 +58,23 @@ def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tr
     ``settings`` override fields of ``Config`` (e.g. ``bootstrap="127.0.0.1:9092"``).
     """
     config = (config or configuration.load()).with_overrides(**settings)
-    ensure_topics(config.bootstrap, [config.edges_topic, config.log_topic], config.topic_partitions)
+    ensure_topics(config, [config.edges_topic, config.log_topic])
+    _check_executor_password(spark, config)
     spark.dataSource.register(KafkaSource)
     return Tracer(spark, config)
+
+
+def _check_executor_password(spark: SparkSession, config: Config) -> None:
+    """Executors' drains get the driver's Kafka settings but never its password (``journal.drain_env``):
+    say so where a cluster's executors would then fail to send their lineage."""
+    if not config.kafka_security_protocol.startswith("SASL_") or config.kafka_sasl_password_file:
+        return
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.master", "").startswith("local") or conf.contains("spark.executorEnv.HEADWATER_KAFKA_SASL_PASSWORD"):
+        return
+    log.warning("the Kafka SASL password is given to the driver only: executors on other hosts cannot send their "
+                "lineage. Give it as kafka_sasl_password_file (a file on every host), or also as "
+                "spark.executorEnv.HEADWATER_KAFKA_SASL_PASSWORD")
 
 
 class Tracer:
@@ -81,7 +95,7 @@ class Tracer:
         self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress)
         spark.streams.addListener(self._listener)
         self._job_times = JobTimes(spark, self.journals.job_times())
-        self._metrics_server = metrics.serve(config.metrics_port) if config.metrics_port else None
+        self._metrics_server = metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
         self._stop = threading.Event()
         self._shipper = threading.Thread(target=self._ship, name="headwater-log", daemon=True)
         self._shipper.start()

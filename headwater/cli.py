@@ -93,27 +93,37 @@ def stack_status(ctx: click.Context) -> None:
 @click.option("--idle", type=float, default=3.0, show_default=True, help="Seconds idle before --drain stops.")
 @click.option("--max-seconds", type=float, default=None, help="Stop after this long in any case; with --drain, exit 1 if not caught up by then.")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
-              help="Serve headwater_indexer_* metrics on 127.0.0.1 at this port; 0: none.")
+              help="Serve /metrics (headwater_indexer_*), /healthz and /readyz at this port, on the metrics_host "
+                   "setting's address ($HEADWATER_METRICS_HOST, default 127.0.0.1); 0: none.")
 @click.option("--group", default=None, help="Consumer group; default: headwater-indexer.<edges topic>.")
 @click.pass_context
 def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | None, metrics_port: int,
           group: str | None) -> None:
-    """Consume the edges and log topics into the graph store and the Parquet store."""
-    from headwater.capture.metrics import serve
+    """Consume the edges and log topics into the graph store and the Parquet store, until SIGINT or SIGTERM."""
+    import signal
+
+    from headwater.adapters import health_http
     from headwater.indexer.service import Indexer
 
+    # Kubernetes stops a pod with SIGTERM: stop as on Ctrl-C, leaving the consumer group at once
+    # (its partitions move now, not after the session timeout) with every written offset committed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     config = configuration.load(_home(ctx))
-    server = serve(metrics_port) if metrics_port else None
     indexer = Indexer(config, group=group, say=lambda s: click.echo(s, err=True))
+    try:
+        server = health_http.serve(config.metrics_host, metrics_port, indexer.unready) if metrics_port else None
+    except OSError as exc:
+        indexer.close()
+        _fail(str(exc))
     interrupted = False
     try:
         stats = indexer.run(drain=drain, idle_s=idle, max_seconds=max_seconds)
     except KeyboardInterrupt:
         stats, interrupted = indexer.stats, True
     finally:
-        indexer.close()
         if server is not None:
             server.shutdown()
+        indexer.close()
     _emit(stats.to_dict())
     if drain and not interrupted and not stats.caught_up:
         _fail(f"--drain: not caught up with the topics after {max_seconds:g}s", 1)

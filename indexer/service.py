@@ -35,7 +35,8 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, TransientError
 
-from headwater.adapters.kafka import ensure_topics, producer
+from headwater.adapters.kafka import consumer as kafka_consumer, ensure_topics, producer
+from headwater.adapters.readiness import GraphProbe, folder_problem
 from headwater.core.config import Config
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, concat_lineage, decode_lineage, decode_log
 
@@ -131,10 +132,16 @@ class _Assignment(ConsumerRebalanceListener):
         self.consumer = consumer
 
     def on_partitions_revoked(self, revoked):
+        self.indexer.joined = False
         self.indexer.release([tp.partition for tp in revoked if tp.topic == self.indexer.config.edges_topic])
         self.indexer.batch_log.release([tp.partition for tp in revoked if tp.topic == self.indexer.config.log_topic])
+        if not self.indexer.closing:  # moved to another member, which reports their lag from now on
+            metrics.forget_lag(revoked)
 
     def on_partitions_assigned(self, assigned):
+        # Called at the end of every join (eager rebalancing, the default assignors), with no partitions
+        # too (a replica beyond the partition count): a member of the group, fetching what it was given.
+        self.indexer.joined = True
         for tp in assigned:
             if tp.topic == self.indexer.config.edges_topic:
                 self.consumer.seek(tp, self.indexer.shard(tp.partition).resume)
@@ -156,6 +163,9 @@ class Indexer:
         self._dlq = None
         self._fault_pause_s = float(os.environ.get(FAULT_PAUSE_ENV, "0"))
         self.unverified: set = set()  # partitions assigned whose store folder is not checked against the group yet
+        self.joined = False  # the consumer is a member of its group (``_Assignment``), so it fetches
+        self.closing = False  # the consumer is closing: what it held is revoked, its last lag stays as it was
+        self._graph_probe = GraphProbe(config)
 
     def shard(self, partition: int) -> Shard:
         """The store shard of an edges partition, opened (recovered, index rebuilt) on first use."""
@@ -184,9 +194,8 @@ class Indexer:
             self.shards.pop(partition, None)
 
     def _consumer(self) -> KafkaConsumer:
-        consumer = KafkaConsumer(
-            bootstrap_servers=self.config.bootstrap, group_id=self.group,
-            enable_auto_commit=False, auto_offset_reset="earliest",
+        consumer = kafka_consumer(
+            self.config, group_id=self.group, auto_offset_reset="earliest",
             session_timeout_ms=6000, heartbeat_interval_ms=1000, max_poll_records=MAX_POLL_RECORDS,
             max_poll_interval_ms=600000,
         )
@@ -195,7 +204,7 @@ class Indexer:
 
     def to_dlq(self, message, reason: str) -> None:
         if self._dlq is None:
-            self._dlq = producer(self.config.bootstrap, linger_ms=0)
+            self._dlq = producer(self.config, linger_ms=0)
         headers = [("reason", reason.encode()[:1000]),
                    ("from", f"{message.topic}:{message.partition}:{message.offset}".encode())]
         self._dlq.send(self.config.dlq_topic, key=message.key, value=message.value or b"", headers=headers)
@@ -318,8 +327,7 @@ class Indexer:
 
     def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None) -> IndexerStats:
         """Index until stopped; with ``drain``, until caught up and idle for ``idle_s``."""
-        ensure_topics(self.config.bootstrap, [self.config.edges_topic, self.config.log_topic,
-                                              self.config.dlq_topic], self.config.topic_partitions)
+        ensure_topics(self.config, [self.config.edges_topic, self.config.log_topic, self.config.dlq_topic])
         self.graph.ensure_schema()
         consumer = self._consumer()
         started = time.monotonic()
@@ -346,7 +354,9 @@ class Indexer:
                     log.warning("indexer stopped after %.0fs, not caught up (lag %s): %s", max_seconds, lag,
                                 summary(self.stats))
         finally:
+            self.joined, self.closing = False, True
             consumer.close()
+            self.closing = False
         return self.stats
 
     def _waiting_to_join(self) -> None:
@@ -388,11 +398,13 @@ class Indexer:
                     if not self._retrying(consumer, tp, run[0].offset, lambda: self.write_edges(tp.partition, run)):
                         break
                     self._commit(consumer, {tp: OffsetAndMetadata(run[-1].offset + 1, "", -1)})
+                    metrics.MESSAGES.labels(tp.topic).inc(len(run))
                 continue
             for message in messages:
                 if not self._retrying(consumer, tp, message.offset, lambda: self.write_log(message)):
                     break
                 done[tp] = OffsetAndMetadata(message.offset + 1, "", -1)
+                metrics.MESSAGES.labels(tp.topic).inc()
         self._commit(consumer, done)
 
     def _commit(self, consumer: KafkaConsumer, done: dict) -> None:
@@ -445,7 +457,25 @@ class Indexer:
                 return False
         return True
 
+    def unready(self) -> dict[str, str]:
+        """What keeps this indexer from indexing now, by part (``/readyz``); empty when it is ready.
+
+        A member of its group with no partitions (a replica beyond the partition count) is
+        ready: it is where it should be, and takes partitions over when another leaves.
+        """
+        found = {}
+        if not self.joined:
+            found["consumer"] = f"not a member of consumer group {self.group!r} now (starting, or rebalancing)"
+        graph = self._graph_probe.problem()
+        if graph:
+            found["graph"] = graph
+        store = folder_problem(self.store_dir, writable=True)
+        if store:
+            found["store"] = store
+        return found
+
     def close(self) -> None:
+        self._graph_probe.close()
         self._graph_thread.shutdown(wait=True)
         self.graph.close()
         self.batch_log.close()

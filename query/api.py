@@ -210,7 +210,7 @@ class LineageClient:
                     read_at = fallback.last_read(item.batches)
                 elif item.path is not None and item.position is None:
                     stream = fallback.file_source(item.path)
-            attach_payload(item, self.config.bootstrap, datasets.get(dataset), versions, read_at, stream)
+            attach_payload(item, self.config, datasets.get(dataset), versions, read_at, stream)
         return found
 
     def backward(self, rid: int | str, to: str = "source", depth: int = 16, payload: bool = False,

@@ -223,7 +223,7 @@ class Fallback:
         """The rows a relation of the batch's plan read, and what they are: ``(kind, dataset, key)``."""
         names = {a.name for a in relation.output}
         if relation.streaming and {"topic", "partition", "offset", "value"} <= names:
-            return _kafka(self.config.bootstrap, entry["sources"]), ("kafka", None, ())
+            return _kafka(self.config, entry["sources"]), ("kafka", None, ())
         if relation.location and not relation.streaming:
             source = static_source(relation, kept)
             return self._files(relation.location)[1], ("table", source["dataset"], tuple(source.get("key") or ()))
@@ -309,15 +309,17 @@ def offset_ranges(sources: list[dict]) -> dict[tuple[str, int], tuple[int, int]]
     return ranges
 
 
-def _kafka(bootstrap: str, sources: list[dict]) -> pd.DataFrame:
+def _kafka(config: Config, sources: list[dict]) -> pd.DataFrame:
     """The records of the batch's offset ranges (``start`` to ``end``, per ``topic:partition``)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
+
+    from headwater.adapters.kafka import consumer as kafka_consumer
 
     ranges = {TopicPartition(topic, partition): span for (topic, partition), span in offset_ranges(sources).items()}
     rows: list[tuple] = []
     if not ranges:
         return pd.DataFrame(columns=KAFKA_COLUMNS)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    consumer = kafka_consumer(config)
     try:
         gone = {tp: first for tp, first in consumer.beginning_offsets(list(ranges)).items() if first > ranges[tp][0]}
         if gone:  # a seek there would silently skip to what is left: rows lost, not a superset

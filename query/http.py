@@ -3,7 +3,12 @@
     GET /v1/lineage/backward?rid=R&to=source&depth=16&payload=false&backend=csprov
     GET /v1/lineage/forward?source=kafka:orders:0:17
     GET /openapi.json   the OpenAPI 3.0 document of the above
-    GET /healthz        {"status": "ok"}, never behind the token
+    GET /healthz        {"status": "ok"}: the server is up (liveness)
+    GET /readyz         {"status": "ready"}, or 503 naming the store that does not answer (readiness)
+    GET /metrics        Prometheus text: headwater_query_* (``metrics.py``)
+
+The last three are never behind the token: probes and scrapers come without one, and
+they say nothing of the lineage (counts by route and status; store addresses).
 
 To add a query: one ``Route`` in ``ROUTES`` (its path, the ``LineageClient`` method that
 answers it, its options); the request handler and the OpenAPI document are both built
@@ -34,16 +39,20 @@ from urllib.parse import parse_qsl, urlsplit
 
 from kafka.errors import KafkaError
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
+from prometheus_client.exposition import choose_encoder
 
 import headwater
 from headwater.adapters.graph import GraphUnavailable
+from headwater.adapters.health_http import readiness
 from headwater.adapters.kafka import BrokerUnavailable, KafkaSourceError
+from headwater.adapters.readiness import GraphProbe, folder_problem
 from headwater.core import config as configuration
 from headwater.core.config import Config
 from headwater.indexer.generation import compacted_root, current_number
 from headwater.indexer.store import EdgeStore
 
 from . import api
+from . import metrics as query_metrics
 from .address import SOURCE_FORMS, checked_source
 from .backend import MAX_DEPTH, OPTIONAL_FIELDS, Lineage, LineageError, UnknownRow, check_depth
 
@@ -266,10 +275,28 @@ def openapi(default_backend: str, secured: bool) -> dict:
     paths["/openapi.json"] = {"get": {"operationId": "openapi", "summary": "This document.",
                                       "responses": {"200": {"description": "This document.",
                                                             "content": {"application/json": {}}}}}}
-    paths["/healthz"] = {"get": {"operationId": "healthz", "summary": "The server is up (no token needed).",
+    status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+    paths["/healthz"] = {"get": {"operationId": "healthz", "summary": "The server is up: liveness (no token needed).",
                                  "security": [],
                                  "responses": {"200": {"description": "Up.", "content": {"application/json": {
-                                     "schema": {"type": "object", "properties": {"status": {"type": "string"}}}}}}}}}
+                                     "schema": status}}}}}}
+    paths["/readyz"] = {"get": {
+        "operationId": "readyz", "security": [],
+        "summary": "The store the server's default backend reads answers: readiness (no token needed). cypher: "
+                   "the graph; csprov and rq: the Parquet store's folder; auto: either.",
+        "responses": {
+            "200": {"description": "Ready: {\"status\": \"ready\"}.",
+                    "content": {"application/json": {"schema": status}}},
+            "503": {"description": "Not ready: what does not answer, and why.", "content": {"application/json": {
+                "schema": {**status, "properties": {**status["properties"], "unreachable": {
+                    "type": "object", "additionalProperties": {"type": "string"},
+                    "description": "By store (graph, store): why it does not answer."}}}}}}}}}
+    paths["/metrics"] = {"get": {
+        "operationId": "metrics", "security": [],
+        "summary": "Prometheus metrics, text format (no token needed): headwater_query_request_seconds{route,status}, "
+                   "headwater_query_errors_total{route}, headwater_query_in_flight, process_*.",
+        "responses": {"200": {"description": "The metrics.", "content": {"text/plain": {
+            "schema": {"type": "string"}}}}}}}
     document = {
         "openapi": "3.0.3",
         "info": {"title": "headwater lineage", "version": headwater.__version__,
@@ -380,11 +407,14 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self._status = None
         started = time.monotonic()
+        query_metrics.IN_FLIGHT.inc()
         try:
             super().handle_one_request()
         finally:
+            query_metrics.IN_FLIGHT.dec()
             if self._status is not None:
                 self.server.log_request_line(self, started)
+                query_metrics.record(self.server.route_of(self), self._status, time.monotonic() - started)
 
     def parse_request(self) -> bool:
         if len(self.raw_requestline) > MAX_REQUEST_LINE:
@@ -416,9 +446,11 @@ class _Handler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _reply(self, status: int, body: dict, headers: dict | None = None) -> None:
-        data = json.dumps(body, default=str).encode()
+        self._send(status, json.dumps(body, default=str).encode(), "application/json", headers)
+
+    def _send(self, status: int, data: bytes, content_type: str, headers: dict | None = None) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
@@ -447,6 +479,11 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if url.path == "/healthz":
             return self._reply(HTTPStatus.OK, {"status": "ok"})
+        if url.path == "/readyz":
+            return self._reply(*readiness(self.server.unready))
+        if url.path == "/metrics":  # in the format the scraper asks for, as prometheus-client's own server does
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            return self._send(HTTPStatus.OK, encoder(query_metrics.REGISTRY), content_type)
         if not self._authorized():
             return self._reply(HTTPStatus.UNAUTHORIZED,
                                {"error": "give the server's token: Authorization: Bearer <token>"},
@@ -517,6 +554,7 @@ class LineageServer(ThreadingHTTPServer):
         self.routes = {route.path: route for route in ROUTES}
         self.openapi = openapi(backend, secured=token is not None)
         self.clients = _Clients(self.config)
+        self._graph_probe = GraphProbe(self.config)
         self._say = say
         self._thread: threading.Thread | None = None
         super().__init__(found[0][4], _Handler)
@@ -535,6 +573,25 @@ class LineageServer(ThreadingHTTPServer):
             self._say(line)
         else:
             print(line, file=sys.stderr, flush=True)
+
+    def route_of(self, handler: _Handler) -> str:
+        """The request's route as metrics label it: a path of the document, else ``other``."""
+        path = urlsplit(handler.path or "").path if handler.command else None
+        return path if path in self.openapi["paths"] else query_metrics.OTHER
+
+    def unready(self) -> dict[str, str]:
+        """What keeps the server's default backend from answering, by store (``/readyz``); empty when ready.
+
+        auto asks the graph, else the Parquet store: it answers while either does.
+        """
+        found = {}
+        for name in api.AUTO if self.backend == "auto" else (self.backend,):
+            store = "graph" if name == "cypher" else "store"
+            problem = self._graph_probe.problem() if store == "graph" else folder_problem(self.config.store_path())
+            if problem is None:
+                return {}
+            found[store] = problem
+        return found
 
     def log_request_line(self, handler: _Handler, started: float) -> None:
         """One line per request; of the query string only the parameter names (their values may be secrets)."""
@@ -595,6 +652,7 @@ class LineageServer(ThreadingHTTPServer):
         taken = sum(self.slots.acquire(timeout=max(0.0, deadline - time.monotonic()))
                     for _ in range(self.max_concurrent))
         self.clients.close()
+        self._graph_probe.close()
         for _ in range(taken):
             self.slots.release()
 

@@ -6,7 +6,7 @@ import base64
 import datetime
 import json
 
-from headwater.adapters.kafka import KafkaSourceError, record_at
+from headwater.adapters.kafka import Kafka, KafkaSourceError, record_at
 from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version
 from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
@@ -32,11 +32,11 @@ def _decode(raw: bytes | None):
 CLOCK_SKEW_S = 10.0
 
 
-def kafka_record(bootstrap: str, topic: str, partition: int, offset: int, read_at: str | None = None) -> dict:
+def kafka_record(kafka: Kafka, topic: str, partition: int, offset: int, read_at: str | None = None) -> dict:
     """The record at that offset; ``read_at``: when the last batch that read it ran (ISO 8601), for telling a
     recreated topic's record at the same offset (written after that) from the record the batch read."""
     try:
-        record = record_at(bootstrap, topic, partition, offset)
+        record = record_at(kafka, topic, partition, offset)
     except KafkaSourceError as exc:
         return {"error": f"{topic}:{partition}:{offset} cannot be read: {exc}"}
     if read_at is not None and record.timestamp_type == 0:  # CreateTime: when its producer wrote it
@@ -114,7 +114,7 @@ def file_row(path: str, position: int | None, rid: int | None = None, stream: di
     return _plain(rows[0])
 
 
-def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None, versions: set[str] | None = None,
+def attach_payload(item: Lineage, kafka: Kafka, dataset: dict | None, versions: set[str] | None = None,
                    read_at: str | None = None, stream: dict | None = None) -> None:
     """``item`` with its original record as ``payload``: ``{"error": why}`` where it cannot be had, never
     an exception. A static table row whose table changed since the batches that read it (``versions``:
@@ -123,7 +123,7 @@ def attach_payload(item: Lineage, bootstrap: str, dataset: dict | None, versions
     ``stream``: the logged location of the file stream that read a file row."""
     try:
         if item.topic is not None:
-            item.payload = kafka_record(bootstrap, item.topic, item.partition, item.offset, read_at)
+            item.payload = kafka_record(kafka, item.topic, item.partition, item.offset, read_at)
         elif item.path is not None:
             item.payload = file_row(item.path, item.position, item.rid, stream)
         elif item.kind == "source" and item.dataset == "rate":

@@ -177,3 +177,12 @@ def broker(tmp_path):
         yield broker
     finally:
         broker.kill()
+
+
+@pytest.fixture(scope="session")
+def tools():
+    """The path of an external tool the tests run, by name: ``tools("promtool")``. Fetched on first
+    use into the tools cache by ``headwater.deploy.tools``, so a fresh machine needs nothing by hand."""
+    from headwater.deploy.tools import path
+
+    return path

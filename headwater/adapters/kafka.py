@@ -1,4 +1,11 @@
-"""Thin kafka-python helpers shared by capture, the indexer and the query tier."""
+"""Thin kafka-python helpers shared by capture, the indexer and the query tier.
+
+Every client is made here, from a ``Config`` (``Kafka``): its bootstrap address and its
+security settings (``core.kafka_client.connection``) reach each producer, consumer and
+admin client. A bare address is also taken, for callers that hold no config: the client
+then gets the security settings of the effective config (``core.config.load``: the
+environment, the stack's state file), which is where a deployment sets them.
+"""
 
 from __future__ import annotations
 
@@ -9,57 +16,85 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from headwater.core import config as configuration
+from headwater.core.config import Config
+from headwater.core.kafka_client import connection
+
+Kafka = Config | str  # a config, or a bootstrap address (security settings from the effective config)
+
 
 class BrokerUnavailable(RuntimeError):
     """The Kafka-protocol broker did not answer; is the stack up (``headwater stack status``)?"""
 
 
-def admin(bootstrap: str, timeout_s: float = 10.0) -> KafkaAdminClient:
+def config_of(kafka: Kafka) -> Config:
+    """The config a client of ``kafka`` takes its address and security settings from."""
+    return kafka if isinstance(kafka, Config) else configuration.load(bootstrap=kafka)
+
+
+def admin(kafka: Kafka, timeout_s: float = 10.0) -> KafkaAdminClient:
+    config = config_of(kafka)
+    settings = connection(config)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000,
+            return KafkaAdminClient(**settings, request_timeout_ms=10000,
                                     bootstrap_timeout_ms=max(200, int((deadline - time.monotonic()) * 1000)))
         except (KafkaError, OSError) as exc:
             if time.monotonic() > deadline:
-                raise BrokerUnavailable(f"no Kafka broker answers at {bootstrap}: {exc}") from exc
+                raise BrokerUnavailable(f"no Kafka broker answers at {config.bootstrap}: {exc}") from exc
             time.sleep(0.2)
 
 
-def list_topics(bootstrap: str, timeout_s: float = 10.0) -> list[str]:
-    client = admin(bootstrap, timeout_s)
+def list_topics(kafka: Kafka, timeout_s: float = 10.0) -> list[str]:
+    client = admin(kafka, timeout_s)
     try:
         return sorted(client.list_topics())
     finally:
         client.close()
 
 
-def ensure_topics(bootstrap: str, names: list[str], partitions: int, timeout_s: float = 10.0) -> None:
-    """Create the topics that do not exist yet; existing ones are left as they are."""
-    client = admin(bootstrap, timeout_s)
+def ensure_topics(kafka: Kafka, names: list[str], partitions: int | None = None, timeout_s: float = 10.0) -> None:
+    """Create the topics that do not exist yet; existing ones are left as they are.
+
+    The only place headwater creates topics (its clients ask the broker never to make one): with
+    ``partitions`` (default the config's ``topic_partitions``) and the config's
+    ``topic_replication``.
+    """
+    config = config_of(kafka)
+    client = admin(config, timeout_s)
     try:
         missing = [n for n in names if n not in set(client.list_topics())]
         if not missing:
             return
         try:
-            client.create_topics([NewTopic(n, partitions, 1) for n in missing])
+            client.create_topics([NewTopic(n, partitions or config.topic_partitions, config.topic_replication)
+                                  for n in missing])
         except TopicAlreadyExistsError:
             pass
     finally:
         client.close()
 
 
-def producer(bootstrap: str, **overrides) -> KafkaProducer:
+def producer(kafka: Kafka, **overrides) -> KafkaProducer:
+    """A producer that waits for every in-sync replica (``acks="all"``) and is idempotent.
+
+    Idempotence (a retried send is written once) is kafka-python's default and left to it:
+    on a broker too old for it (before 0.11) kafka-python turns it off with a warning,
+    where asking for it explicitly would fail every send. The broker is asked never to make a
+    topic for a send (Kafka honours it; the local stack's tansu makes one anyway, so callers
+    make their topics with ``ensure_topics`` before sending).
+    """
     settings = dict(
-        bootstrap_servers=bootstrap,
-        acks=1,
+        acks="all",
         linger_ms=20,
         batch_size=256 * 1024,
         max_request_size=8 * 1024 * 1024,
         retries=5,
+        allow_auto_create_topics=False,
     )
     settings.update(overrides)
-    return KafkaProducer(**settings)
+    return KafkaProducer(**connection(config_of(kafka)), **settings)
 
 
 FETCH_TIMEOUT_S = 30.0
@@ -69,15 +104,17 @@ class KafkaSourceError(RuntimeError):
     """Records could not be read from the broker in time."""
 
 
-def consumer(bootstrap: str) -> KafkaConsumer:
-    """A group-less consumer for reading by explicit offsets."""
-    return KafkaConsumer(
-        bootstrap_servers=bootstrap,
+def consumer(kafka: Kafka, **overrides) -> KafkaConsumer:
+    """A consumer; by default group-less, for reading by explicit offsets. It asks the broker never to make a topic."""
+    settings = dict(
         enable_auto_commit=False,
         group_id=None,
         consumer_timeout_ms=1000,
         request_timeout_ms=30000,
+        allow_auto_create_topics=False,
     )
+    settings.update(overrides)
+    return KafkaConsumer(**connection(config_of(kafka)), **settings)
 
 
 def high_watermarks(client: KafkaConsumer, partitions: dict) -> dict:
@@ -105,10 +142,10 @@ def high_watermarks(client: KafkaConsumer, partitions: dict) -> dict:
             client.seek(tp, position)
 
 
-def read_records(bootstrap: str, topic: str, partition: int, start: int, end: int) -> Iterator:
+def read_records(kafka: Kafka, topic: str, partition: int, start: int, end: int) -> Iterator:
     """The records at offsets ``start`` (inclusive) to ``end`` (exclusive), in order."""
     tp = TopicPartition(topic, partition)
-    client = consumer(bootstrap)
+    client = consumer(kafka)
     try:
         client.assign([tp])
         client.seek(tp, start)
@@ -134,11 +171,13 @@ class RecordGone(KafkaSourceError):
     """The broker no longer holds a record (retention, a deleted or recreated topic, lost data)."""
 
 
-def record_at(bootstrap: str, topic: str, partition: int, offset: int, timeout_s: float = 5.0):
+def record_at(kafka: Kafka, topic: str, partition: int, offset: int, timeout_s: float = 5.0):
     """The record at ``topic``/``partition``/``offset``; ``RecordGone`` within ``timeout_s`` if the broker has
     no such record, saying why as far as it can tell."""
     tp = TopicPartition(topic, partition)
-    client = consumer(bootstrap)
+    config = config_of(kafka)
+    bootstrap = config.bootstrap
+    client = consumer(config)
     try:
         partitions = client.partitions_for_topic(topic)
         if not partitions:

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 STACK_FILE = "stack.json"
 CAPTURE_LEVELS = ("full", "log-only")
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# Never written by ``to_dict``: the stack's state file is written from it, and keeps only the local graph's
+# generated password. No password is shown by ``repr`` either (``field(repr=False)``).
+SECRETS = ("kafka_sasl_password",)
 
 
 def default_home() -> Path:
@@ -26,12 +31,25 @@ class Config:
     edges_topic: str = "headwater.edges"
     log_topic: str = "headwater.log"
     dlq_topic: str = "headwater.dlq"
-    topic_partitions: int = 2
+    topic_partitions: int = 2  # of the topics headwater creates (``adapters.kafka.ensure_topics``)
+    topic_replication: int = 1  # replication factor of the topics headwater creates; 3 on a production cluster
+    # Passed to every Kafka client (``core.kafka_client``); deploy/README.md, "Kafka settings".
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = ""  # with a SASL_ protocol: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = field(default="", repr=False)
+    kafka_sasl_password_file: str = ""  # read whenever a client is made: a mounted secret may be rotated
+    kafka_ssl_cafile: str = ""  # "": the system's CA certificates
+    kafka_ssl_certfile: str = ""  # client certificate, for brokers that authenticate clients by TLS
+    kafka_ssl_keyfile: str = ""
     graph_uri: str = "bolt://127.0.0.1:7687"
     graph_user: str = "root"
-    graph_password: str = ""
+    graph_password: str = field(default="", repr=False)
     graph_database: str = "lineage"
-    metrics_port: int = 0  # capture's Prometheus endpoint on 127.0.0.1; 0: none
+    metrics_port: int = 0  # capture's Prometheus endpoint; 0: none
+    # Where every Prometheus endpoint headwater opens listens (capture's, the indexer's): loopback unless
+    # a scraper elsewhere must reach it (the Helm chart sets 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
     spill_dir: str = ""  # where capture keeps messages while the broker is away; "": <home>/spill
     spill_max_bytes: int = 1 << 30  # beyond it, edges are dropped (counted, their batch logged as a gap)
     buffer_bytes: int = 32 << 20  # bytes a capture process may have unacknowledged by the broker
@@ -44,6 +62,9 @@ class Config:
     def __post_init__(self):
         if self.capture not in CAPTURE_LEVELS:
             raise ValueError(f"capture={self.capture!r}: expected one of {', '.join(CAPTURE_LEVELS)}")
+        if self.topic_partitions < 1 or self.topic_replication < 1:
+            raise ValueError("topic_partitions and topic_replication must be at least 1")
+        _check_kafka_security(self)
 
     @classmethod
     def from_dict(cls, values: dict) -> "Config":
@@ -54,7 +75,8 @@ class Config:
         return cls(**values)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings, but for the secrets a file or the environment gives (``SECRETS``)."""
+        return {k: v for k, v in asdict(self).items() if k not in SECRETS}
 
     def store_path(self) -> Path:
         """The Parquet edge store's folder."""
@@ -62,6 +84,23 @@ class Config:
 
     def with_overrides(self, **values) -> "Config":
         return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+def _check_kafka_security(config: Config) -> None:
+    """Refuse a security setting Kafka would refuse later, less clearly; never quoting the password."""
+    protocol, mechanism = config.kafka_security_protocol, config.kafka_sasl_mechanism
+    if protocol not in KAFKA_SECURITY_PROTOCOLS:
+        raise ValueError(f"kafka_security_protocol={protocol!r}: expected one of {', '.join(KAFKA_SECURITY_PROTOCOLS)}")
+    if not protocol.startswith("SASL_"):
+        return
+    if mechanism not in KAFKA_SASL_MECHANISMS:
+        raise ValueError(f"kafka_security_protocol={protocol} needs kafka_sasl_mechanism, one of "
+                         f"{', '.join(KAFKA_SASL_MECHANISMS)} (not {mechanism!r})")
+    if not config.kafka_sasl_username:
+        raise ValueError(f"kafka_security_protocol={protocol} needs kafka_sasl_username")
+    if bool(config.kafka_sasl_password) == bool(config.kafka_sasl_password_file):
+        raise ValueError(f"kafka_security_protocol={protocol} needs exactly one of kafka_sasl_password and "
+                         f"kafka_sasl_password_file")
 
 
 _CASTS = {"int": int, int: int, "float": float, float: float}
@@ -86,5 +125,7 @@ def _from_stack(home: Path) -> dict:
 def load(home: Path | None = None, **overrides) -> Config:
     """The effective config: overrides, then environment, then stack state, then defaults."""
     home = home or default_home()
-    values = {**_from_stack(home), **_from_env()}
-    return Config.from_dict(values).with_overrides(**overrides)
+    # Merged before the one check of the whole (``__post_init__``): a SASL protocol from the environment
+    # may get its user name from an override.
+    values = {**_from_stack(home), **_from_env(), **{k: v for k, v in overrides.items() if v is not None}}
+    return Config.from_dict(values)

@@ -157,7 +157,7 @@ def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[
     try:
         from headwater.adapters.kafka import ensure_topics
 
-        ensure_topics(config.bootstrap, [topic], 2)
+        ensure_topics(config, [topic], 2)
         events = data.order_events(orders, malformed_every=97)
         coordinates = data.produce(config.bootstrap, topic, events)
         malformed = count_malformed(events)

