@@ -268,7 +268,7 @@ LOCK = "drain.lock"  # held by the one drain process of a folder (``drain_until_
 DRAIN_SETTINGS = ("bootstrap", "edges_topic", "spill_max_bytes", "buffer_bytes", "send_timeout_s",
                   "breaker_cooldown_s", "topic_partitions", "topic_replication", "kafka_security_protocol")
 # Passed on when set, so that an executor's own environment (``spark.executorEnv``) can give them otherwise. The
-# SASL password itself never is: the command line is visible to anyone on the host; give it as a file.
+# SASL password itself never is: the drain's settings travel in every task; give it as a file (``attach`` warns).
 DRAIN_SETTINGS_IF_SET = ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password_file",
                          "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
 
