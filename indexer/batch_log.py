@@ -37,7 +37,7 @@ sees its file gone and writes its entry again into a new segment), writes the ru
 before it while that one is no bigger (a binary counter), so a partition holds about
 log2(batches / RUN_RECORDS) runs and each entry is rewritten as many times. A reader
 loads each run once (runs never change) and re-reads only what segments gained; a
-listing that changed while it read (a compaction) makes it read again.
+partition whose listing changed while it read (a compaction) is read again.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -59,8 +60,10 @@ OFFSET_BITS = 48
 # Entries left in segments before they are merged into a run: a reader parses at most
 # about this many JSON lines per partition beyond the runs' rows.
 RUN_RECORDS = 512
-# Listings that changed while being read (compactions under a reader) before giving up.
-READ_ATTEMPTS = 50
+# How long a reader keeps reading a partition whose listing changed while it read
+# (compactions under it) before giving up, and its first pause between attempts.
+READ_SECONDS = 30.0
+READ_PAUSE = 0.001
 
 # ``fields``: JSON ``{field: [position, value]}``, every field the batch's (or dataset's)
 # records set; ``status`` and ``status_at`` repeat the status so statuses need no JSON.
@@ -450,27 +453,41 @@ class BatchLog:
 
     def refresh(self) -> "BatchLog":
         """Read what was written since the last refresh."""
-        for _ in range(READ_ATTEMPTS):
-            before = self._listing()
-            try:
-                partitions = [self._partition(p, names) for p, names in before.items()]
-            except FileNotFoundError:  # a compaction took a file after the listing
-                continue
-            if self._listing() == before:
-                self._partitions = partitions
-                kept = {self.root / f"partition={p}" / n for p, names in before.items() for n in names}
-                self._runs = {p: r for p, r in self._runs.items() if p in kept}
-                self._segments = {p: s for p, s in self._segments.items() if p in kept}
-                return self
-        raise OSError(f"the batch log in {self.root} kept changing while it was read; refresh again")
-
-    def _listing(self) -> dict[int, tuple[str, ...]]:
         try:
             folders = [n for n in os.listdir(self.root) if n.startswith("partition=")]
         except FileNotFoundError:
-            return {}
-        found = {int(n.split("=", 1)[1]): tuple(_listing(self.root / n)) for n in folders}
-        return dict(sorted(found.items()))
+            folders = []
+        listed = {}
+        partitions = []
+        for partition in sorted(int(n.split("=", 1)[1]) for n in folders):
+            names, read = self._read_partition(partition)
+            listed[partition] = names
+            partitions.append(read)
+        self._partitions = partitions
+        kept = {self.root / f"partition={p}" / n for p, names in listed.items() for n in names}
+        self._runs = {p: r for p, r in self._runs.items() if p in kept}
+        self._segments = {p: s for p, s in self._segments.items() if p in kept}
+        return self
+
+    def _read_partition(self, partition: int) -> tuple[tuple[str, ...], "_Partition"]:
+        """One partition read whole: its listing the same before and after (each partition
+        is checked on its own, so writers of other partitions never make a reader start over)."""
+        root = self.root / f"partition={partition}"
+        deadline = time.monotonic() + READ_SECONDS
+        pause = READ_PAUSE
+        while True:
+            before = tuple(_listing(root))
+            try:
+                read = self._partition(partition, before)
+                if tuple(_listing(root)) == before:
+                    return before, read
+            except FileNotFoundError:  # a compaction took a file after the listing
+                pass
+            if time.monotonic() > deadline:
+                raise OSError(f"the batch log in {root} kept changing for {READ_SECONDS:.0f} s while it was "
+                              "read; refresh again")
+            time.sleep(pause)  # let the compaction under us finish
+            pause = min(pause * 2, 0.05)
 
     def _partition(self, partition: int, names: tuple[str, ...]) -> _Partition:
         root = self.root / f"partition={partition}"
