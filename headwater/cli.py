@@ -1,7 +1,13 @@
-"""The ``headwater`` command. Answers are JSON lines on stdout; errors a JSON line on stderr.
+"""The ``headwater`` command. Answers are JSON lines on stdout (or a table, ``--format table``).
 
-``headwater serve`` prints one JSON line once it listens, logs a line per request on
-stderr, and runs until SIGINT or SIGTERM.
+Errors, click's own usage errors among them, are one JSON line on stderr, ``{"error": …}``
+with what else helps (``position`` in a ``--where``, ``option``, ``usage``), and exit status 2.
+Exit status 1 is no error but a state: ``stack status`` with a part down, ``index --drain``
+not caught up. ``headwater serve`` prints one JSON line once it listens, logs a line per
+request on stderr, and runs until SIGINT or SIGTERM.
+
+A lineage question imports only what answering it needs, when it needs it: nothing heavy
+at import time here (``bench/cli_latency.py`` measures whole processes against 0.3 s).
 """
 
 from __future__ import annotations
@@ -14,27 +20,74 @@ from pathlib import Path
 import click
 
 from headwater.core import config as configuration
-from headwater.query.address import SOURCE_FORMS, checked_source
-
 
 # The query backends (``headwater.query.api.choices()``), named here so the CLI starts without importing them.
 BACKENDS = ["auto", "cypher", "csprov", "rq"]
+# ``query.address.SOURCE_FORMS``, which would import the query tier to print --help.
+SOURCE_FORMS = ("kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or "
+                "foreachBatch:QUERY:BATCH")
+FORMATS = ["json", "table"]
+PAYLOAD_SHOWN = 80  # characters of a payload a table shows; --format json has it whole
 
 
 def _home(ctx: click.Context) -> Path:
     return ctx.obj["home"]
 
 
+def _config(ctx: click.Context):
+    """The effective config (``core.config.load``); an unreadable or invalid one is an error."""
+    try:
+        return configuration.load(_home(ctx))
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read headwater's config (home {_home(ctx)}): {type(exc).__name__}: {exc}",
+              home=str(_home(ctx)))
+
+
 def _emit(record: dict) -> None:
     click.echo(json.dumps(record, default=str))
 
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(json.dumps({"error": message}), err=True)
+def _fail(message: str, code: int = 2, **details) -> None:
+    click.echo(json.dumps({"error": message, **details}, default=str), err=True)
     sys.exit(code)
 
 
-@click.group()
+class _Cli(click.Group):
+    """The root command: every error is one JSON line on stderr and exit status 2, click's usage errors too.
+
+    click runs non-standalone, so its errors come here instead of its own text on stderr.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        del standalone_mode  # asked for or not: the errors are this method's to print
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            message, details = exc.format_message(), {}
+            if exc.ctx is not None:
+                details = {"usage": exc.ctx.get_usage().removeprefix("Usage: "),
+                           "help": f"{exc.ctx.command_path} --help"}
+                group = exc.ctx.command
+                if isinstance(group, click.Group) and (isinstance(exc, click.exceptions.NoArgsIsHelpError)
+                                                       or message == "Missing command."):
+                    details["commands"] = sorted(group.commands)
+                    message = f"{exc.ctx.command_path}: give a command, one of {', '.join(details['commands'])}"
+            param = getattr(exc, "param", None)
+            option = param.opts[0] if param is not None and getattr(param, "opts", None) else \
+                getattr(exc, "param_hint", None)
+            if isinstance(option, str):
+                details["option"] = option
+            _fail(message, **details)
+        except click.ClickException as exc:
+            _fail(exc.format_message())
+        except click.Abort:
+            _fail("interrupted")
+        except Exception as exc:  # a bug, or a failure no command caught: still one line
+            _fail(f"{type(exc).__name__}: {exc}")
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_Cli)
 @click.option("--home", type=click.Path(path_type=Path), default=None,
               help="State folder of the local stack (default $HEADWATER_HOME or ~/.headwater).")
 @click.pass_context
@@ -45,19 +98,21 @@ def main(ctx: click.Context, home: Path | None) -> None:
 
 @main.group()
 def stack() -> None:
-    """The embedded local stack: Kafka-protocol broker and Bolt graph server on 127.0.0.1."""
+    """The embedded local stack: Kafka-protocol broker, Bolt graph server and query service on 127.0.0.1."""
 
 
 @stack.command("up")
 @click.option("--broker-port", type=int, default=9092, show_default=True)
 @click.option("--bolt-port", type=int, default=7687, show_default=True)
 @click.option("--http-port", type=int, default=2480, show_default=True, help="The graph server's HTTP port.")
+@click.option("--query-port", type=int, default=8080, show_default=True,
+              help="The query part's port (headwater serve, which lineage questions are asked); 0: any free port.")
 @click.pass_context
-def stack_up(ctx: click.Context, broker_port: int, bolt_port: int, http_port: int) -> None:
+def stack_up(ctx: click.Context, broker_port: int, bolt_port: int, http_port: int, query_port: int) -> None:
     """Start what is not running and wait until each part answers."""
     from headwater.deploy.stack import Stack, StackError
 
-    ports = {"broker": broker_port, "bolt": bolt_port, "graph_http": http_port}
+    ports = {"broker": broker_port, "bolt": bolt_port, "graph_http": http_port, "query": query_port}
     try:
         statuses = Stack(_home(ctx), ports, say=lambda s: click.echo(s, err=True)).up()
     except StackError as exc:
@@ -108,7 +163,7 @@ def index(ctx: click.Context, drain: bool, idle: float, max_seconds: float | Non
     # Kubernetes stops a pod with SIGTERM: stop as on Ctrl-C, leaving the consumer group at once
     # (its partitions move now, not after the session timeout) with every written offset committed.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    config = configuration.load(_home(ctx))
+    config = _config(ctx)
     indexer = Indexer(config, group=group, say=lambda s: click.echo(s, err=True))
     try:
         server = health_http.serve(config.metrics_host, metrics_port, indexer.unready) if metrics_port else None
@@ -160,7 +215,7 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None) -> N
     from headwater.demo.run import spark_session
     from headwater.indexer import compaction
 
-    config = configuration.load(_home(ctx))
+    config = _config(ctx)
     if threshold is not None and threshold < 1 or buckets is not None and buckets < 1:
         _fail("--threshold and --buckets must be at least 1")
     running = SparkSession.getActiveSession()  # a caller's session is used, and left running
@@ -179,56 +234,293 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None) -> N
 
 @main.group()
 def lineage() -> None:
-    """Lineage queries, answered as JSON lines."""
+    """Lineage queries, answered as JSON lines (or a table: --format table)."""
 
 
 def _query(ctx: click.Context, question: str, rid: int | None, source: str | None, dataset: str | None,
-           where: str | None, backend: str, **options) -> None:
-    from headwater.adapters.graph import GraphUnavailable
-    from headwater.query.api import LineageClient
-    from headwater.query.backend import LineageError, UnknownRow
-
-    if sum(x is not None for x in (rid, source, dataset)) != 1:
-        _fail("give exactly one of --rid, --source or --dataset (with --where)")
+           where: str | None, backend: str, fmt: str, in_process: bool, **options) -> None:
+    given = [name for name, value in (("--rid", rid), ("--source", source), ("--dataset", dataset)) if value is not None]
+    if len(given) != 1:
+        _fail("give exactly one of --rid, --source or --dataset (with --where)"
+              + (f", not {' and '.join(given)}" if given else ""))
     if (dataset is None) != (where is None):
         _fail("--dataset and --where go together: the sink, and a SQL predicate over its rows")
-    failed = 0
-    try:
+    service = None if in_process else _Service.of(_home(ctx))
+    if service is None or dataset is not None:
+        from headwater.query.backend import LineageError
+
+        try:
+            if source is not None:  # the service checks an address itself, in the same words
+                from headwater.query.address import checked_source
+
+                checked_source(source)
+            chosen = None
+            if dataset is not None:
+                from headwater.query import where as selection
+
+                chosen = selection.check(dataset, where)  # refused here, before any file is read or JVM starts
+        except LineageError as exc:
+            _fail(str(exc), **getattr(exc, "details", {}))
+    config = _config(ctx)
+    failed = shown = 0
+    with _Answers(config, backend, service) as answers:
         # An address is turned into a rid by the client: a static table's rows are named by where it lives.
-        starts = [rid] if rid is not None else [checked_source(source)] if source is not None else \
-            _selected(dataset, where)
-        with LineageClient(configuration.load(_home(ctx)), backend=backend) as client:
-            for start in starts:
-                try:
-                    answer = getattr(client, question)(start, **options)
-                except UnknownRow as exc:
-                    if len(starts) == 1:
-                        raise
-                    failed += 1  # one of the rows --where selected: say so, answer the others
-                    click.echo(json.dumps({"of": start, "error": str(exc)}), err=True)
-                    continue
-                for row in answer:
-                    _emit(row.to_dict())
-                # What the answer may miss, apart from the records, so that stdout stays one record a line.
-                click.echo(json.dumps({"summary": answer.summary()}), err=True)
-    except (LineageError, GraphUnavailable) as exc:
-        _fail(str(exc))
-    except Exception as exc:  # e.g. the graph store is down
-        _fail(f"{type(exc).__name__}: {exc}", code=1)
+        starts = [rid] if rid is not None else [source] if source is not None else answers.selected(chosen)
+        for start in starts:
+            found = answers.ask(question, start, options, alone=len(starts) == 1)
+            if found is None:
+                failed += 1  # one of the rows --where selected, not in the store: said, the others answered
+                continue
+            records, summary = found
+            if fmt == "table":
+                if shown:
+                    click.echo()
+                click.echo(_table(question, options.get("to"), records, summary))
+                shown += 1
+                continue
+            for record in records:
+                _emit(record)
+            # What the answer may miss, apart from the records, so that stdout stays one record a line.
+            click.echo(json.dumps({"summary": summary}), err=True)
     if failed:
         sys.exit(2)
 
 
-def _selected(dataset: str, where: str) -> list[int]:
-    """The rids of the sink's rows the predicate holds for (a local Spark session reads the sink)."""
-    from headwater.demo.run import spark_session
-    from headwater.query.sink import select
+class _Answers:
+    """Answers a lineage question from the stack's query part when it runs (``_Service``), else in-process.
 
-    spark = spark_session("headwater-lineage-where")
-    try:
-        return select(spark, dataset, where)
-    finally:
-        spark.stop()
+    In-process means importing the query tier and the store clients, most of a second before a
+    question is asked; the query part has them loaded. Its answer is used only where it is the one
+    in-process gives: the in-process path is made on first need, for a question the service cannot
+    answer in full (``_Service.ask``: None).
+    """
+
+    def __init__(self, config, backend: str, service: "_Service | None"):
+        self.config, self.backend, self.service = config, backend, service
+        self._client = None
+
+    def __enter__(self) -> "_Answers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def _fail(self, exc: Exception) -> None:
+        from headwater.adapters.graph import GraphUnavailable
+        from headwater.query.backend import LineageError
+
+        if isinstance(exc, (LineageError, GraphUnavailable)):
+            _fail(str(exc), **getattr(exc, "details", {}))
+        _fail(f"{type(exc).__name__}: {exc}")  # e.g. the graph store is down
+
+    def selected(self, chosen) -> list[int]:
+        try:
+            return chosen.select().rids
+        except Exception as exc:
+            self._fail(exc)
+
+    def ask(self, question: str, start: int | str, options: dict, alone: bool) -> tuple[list[dict], dict] | None:
+        """``(records, summary)``; None for an unknown row not ``alone`` in the question (said on stderr)."""
+        if self.service is not None:
+            try:
+                found = self.service.ask(question, start, self.backend, options)
+            except _Refused as exc:
+                if exc.unknown and not alone:
+                    click.echo(json.dumps({"of": start, "error": exc.message}), err=True)
+                    return None
+                _fail(exc.message)
+            if found is not None:
+                return found
+        try:
+            from headwater.query.backend import UnknownRow
+
+            if self._client is None:
+                from headwater.query.api import LineageClient
+
+                self._client = LineageClient(self.config, backend=self.backend)
+            try:
+                answer = getattr(self._client, question)(start, **options)
+            except UnknownRow as exc:
+                if alone:
+                    raise
+                click.echo(json.dumps({"of": start, "error": str(exc)}), err=True)
+                return None
+            return [row.to_dict() for row in answer], answer.summary()
+        except Exception as exc:
+            self._fail(exc)
+
+
+class _Refused(Exception):
+    """The query part refused the question (400), or does not know the row (404, ``unknown``)."""
+
+    def __init__(self, message: str, unknown: bool):
+        super().__init__(message)
+        self.message, self.unknown = message, unknown
+
+
+class _Service:
+    """The local stack's query part (``headwater serve`` on 127.0.0.1, ``stack up``), asked over HTTP.
+
+    Only the standard library is imported to ask it: that is what makes a question fast.
+    """
+
+    TIMEOUT_S = 60.0
+    PATHS = {"backward": "backward", "forward": "forward", "co_contributors": "co-contributors",
+             "co_dependents": "co-dependents"}
+    INT64 = range(-(1 << 63), 1 << 63)
+
+    def __init__(self, url: str, token: str):
+        self.url, self.token = url, token
+
+    @classmethod
+    def of(cls, home: Path) -> "_Service | None":
+        """The query part of the stack of ``home``, if it runs on the config this process would use."""
+        from headwater.deploy.stack import query_service
+
+        try:
+            config = configuration.load(home)
+        except (OSError, ValueError):
+            return None  # the in-process path says what is wrong with it
+        found = query_service(home, config.to_dict())
+        return cls(*found) if found is not None else None
+
+    def parameters(self, start: int | str, backend: str, options: dict) -> dict | None:
+        """The question as the service's query string takes it; None where the service would refuse, in other
+        words than in-process, what in-process answers or refuses (an empty value, a rid or mask out of range)."""
+        found = {"source" if isinstance(start, str) else "rid": start, "backend": backend}
+        for name, value in options.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            found[name] = value
+        if any(value == "" for value in found.values()) or found.get("rid", 0) not in self.INT64 or \
+                found.get("cols", 1) not in self.INT64 or found.get("cols") == 0 or \
+                found.get("depth", 1) not in self.INT64:
+            return None
+        return found
+
+    def ask(self, question: str, start: int | str, backend: str, options: dict) -> tuple[list[dict], dict] | None:
+        """``(records, summary)`` as in-process gives them; ``_Refused``; None when the service cannot answer in
+        full: not there, busy (503), cut short (``truncated``: the server's --max-results) or any other status."""
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        parameters = self.parameters(start, backend, options)
+        if parameters is None:
+            return None
+        request = urllib.request.Request(
+            f"{self.url}/v1/lineage/{self.PATHS[question]}?{urllib.parse.urlencode(parameters)}",
+            headers={"Authorization": f"Bearer {self.token}"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never via a proxy
+        try:
+            with opener.open(request, timeout=self.TIMEOUT_S) as reply:
+                body = json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code in (400, 404):
+                try:
+                    message = json.loads(exc.read())["error"]
+                except (ValueError, KeyError, TypeError, OSError):
+                    return None
+                raise _Refused(message, unknown=exc.code == 404) from None
+            return None
+        except (OSError, ValueError):  # refused, reset, timed out; not JSON
+            return None
+        if body.get("truncated") is not False:
+            return None
+        records = body["answer"]
+        return records, {"of": body["of"], "records": len(records), "complete": body["complete"],
+                         "gaps": body["gaps"], "unexplained": body["unexplained"], "read_by": body["read_by"]}
+
+
+def _table(question: str, to: str | None, records: list[dict], summary: dict) -> str:
+    """An answer for a person: a heading, a row per record, and what the answer may miss, in words."""
+    heading = f"{question.replace('_', '-')} lineage of rid {summary['of']}" + (f" (to {to})" if to else "")
+    columns = ["rid", "kind", "dataset", "row", "exact", "via", "operators", "columns", "batches"]
+    if any("payload" in r for r in records):
+        columns.append("payload")
+    if any(r.get("paths") is not None for r in records):
+        columns.append("paths")
+    cells = [[_cell(column, record) for column in columns] for record in records]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = [heading, ""] if records else [heading]
+    if records:
+        lines.append("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+        lines.append("")
+    lines.append(_in_words(summary))
+    return "\n".join(lines)
+
+
+def _cell(column: str, record: dict) -> str:
+    if column == "row":
+        if record.get("topic") is not None:
+            text = f"{record['topic']}:{record.get('partition')}:{record.get('offset')}"
+        elif record.get("key") is not None:
+            text = f"key {record['key']}"
+        elif record.get("path") is not None:
+            text = f"{record['path']}:{record.get('position')}"
+        else:
+            text = ""
+        return text + (f" ({record['table']})" if record.get("table") else "")
+    if column == "exact":
+        return "exact" if record.get("exact") else "superset"
+    if column == "operators":
+        named = record.get("operators")
+        if named is not None:
+            return ", ".join(op.get("name") or op.get("kind") or str(op.get("id")) for op in named)
+        return ", ".join(f"#{op}" for op in record.get("ops") or [])
+    if column == "columns":
+        if record.get("columns") is not None:
+            return ", ".join(record["columns"])
+        cols = record.get("cols")
+        if cols is None:
+            return ""
+        return "all" if cols == -1 else "bits " + ",".join(str(i) for i in range(cols.bit_length()) if cols >> i & 1)
+    if column == "batches":
+        return ", ".join(str(b) for b in record.get("batches") or [])
+    if column == "payload":
+        if "payload" not in record:
+            return ""
+        text = json.dumps(record["payload"], default=str, ensure_ascii=False)
+        return text if len(text) <= PAYLOAD_SHOWN else text[:PAYLOAD_SHOWN - 1] + "…"
+    if column == "paths":
+        paths = record.get("paths")
+        return "" if paths is None else f"{len(paths)}{'+' if record.get('paths_cut') else ''}"
+    value = record.get(column)
+    return "" if value is None else str(value).replace("\n", "\\n")
+
+
+def _batches(items: list[dict]) -> str:
+    return ", ".join(f"{g['query']} batch {g['batch']}" + (f" ({g['status'] or 'not in the batch log'})"
+                                                          if "status" in g else "") for g in items)
+
+
+def _in_words(summary: dict) -> str:
+    count = summary.get("records", 0)
+    said = [f"{count} record{'s' if count != 1 else ''}."]
+    if summary.get("complete"):
+        said.append("Complete: every batch on the way was fully captured.")
+    else:
+        said.append("Not complete.")
+    gaps = summary.get("gaps") or []
+    if gaps:
+        said.append(f"{len(gaps)} batch{'es' if len(gaps) != 1 else ''} on the way {'were' if len(gaps) != 1 else 'was'} "
+                    f"not fully captured, so rows may be missing through {'them' if len(gaps) != 1 else 'it'}: "
+                    f"{_batches(gaps)}.")
+    unexplained = summary.get("unexplained") or []
+    if unexplained:
+        rows = ", ".join(f"rid {u.get('rid')} ({u.get('kind')} of {u.get('dataset')})" for u in unexplained)
+        said.append(f"{len(unexplained)} row{'s' if len(unexplained) != 1 else ''} reached "
+                    f"{'have' if len(unexplained) != 1 else 'has'} no recorded inputs (its batch was not captured, "
+                    f"or is not indexed yet): {rows}.")
+    read_by = summary.get("read_by") or []
+    if read_by:
+        said.append(f"Read by {len(read_by)} fully captured batch{'es' if len(read_by) != 1 else ''} that derived "
+                    f"nothing from it (filtered, unmatched, late or waiting in state): {_batches(read_by)}.")
+    return " ".join(said)
 
 
 def _mask(text: str | None) -> int | None:
@@ -237,7 +529,7 @@ def _mask(text: str | None) -> int | None:
     try:
         return int(text, 0)
     except ValueError:
-        raise click.BadParameter(f"{text!r}: a bit mask of columns, e.g. 5 or 0b101") from None
+        raise click.BadParameter(f"{text!r}: a bit mask of columns, e.g. 5 or 0b101", param_hint="--cols") from None
 
 
 _ROW_OPTIONS = [
@@ -245,7 +537,8 @@ _ROW_OPTIONS = [
     click.option("--source", default=None, help=f"The row's address: {SOURCE_FORMS}."),
     click.option("--dataset", default=None, help="A sink as lineage names it (parquet:PATH, json:PATH, orc:PATH, "
                  "table:NAME): ask about its rows --where selects."),
-    click.option("--where", default=None, help="With --dataset: a Spark SQL predicate over the sink's columns."),
+    click.option("--where", default=None, help="With --dataset: a Spark SQL predicate over the sink's columns "
+                 "(evaluated without Spark where it can; query/README.md says when Spark is needed)."),
     click.option("--depth", type=int, default=16, show_default=True, help="Longest path followed, in edges (each way)."),
     click.option("--payload", is_flag=True, help="Add the original source records."),
     click.option("--since", default=None, help="Time bound: only through batches that ran at or after this "
@@ -254,14 +547,19 @@ _ROW_OPTIONS = [
     click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
                  help="The graph store (cypher), the Parquet store by connected sets (csprov) or whole (rq), or "
                       "the graph when it answers and holds the row, else the Parquet store (auto)."),
+    click.option("--format", "fmt", type=click.Choice(FORMATS), default="json", show_default=True,
+                 help="json: a record a line on stdout, a summary line on stderr; table: a table and the summary "
+                      f"in words, for a person (payloads cut at {PAYLOAD_SHOWN} characters)."),
+    click.option("--in-process", is_flag=True, help="Answer in this process even when the local stack's query "
+                 "part runs (which is asked by default: it answers the same, faster)."),
 ]
 
 
 def _lineage_command(question: str, name: str, defaults: dict, summary: str) -> None:
-    def command(ctx, rid, source, dataset, where, backend, **options) -> None:
+    def command(ctx, rid, source, dataset, where, backend, fmt, in_process, **options) -> None:
         if "cols" in options:
             options["cols"] = _mask(options["cols"])
-        _query(ctx, question, rid, source, dataset, where, backend, **options)
+        _query(ctx, question, rid, source, dataset, where, backend, fmt, in_process, **options)
 
     command.__doc__ = summary
     for option in reversed(_ROW_OPTIONS):
@@ -299,7 +597,8 @@ _lineage_command("co_dependents", "co-dependents", {"to": "output", "via": "sour
 @click.option("--max-results", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Rows of an answer at most; longer answers are cut (truncated: true).")
 @click.option("--max-concurrent", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Queries answered at once; more get 503 with Retry-After.")
+              help="Queries answered at once; up to 16 more wait their turn for at most 2 s, the rest get 503 with "
+                   "Retry-After.")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, backend: str, token_file: Path | None, max_results: int,
           max_concurrent: int) -> None:
@@ -317,7 +616,7 @@ def serve(ctx: click.Context, host: str, port: int, backend: str, token_file: Pa
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stop.set())
     try:
-        server = http.serve(configuration.load(_home(ctx)), host, port, backend, token, max_results, max_concurrent,
+        server = http.serve(_config(ctx), host, port, backend, token, max_results, max_concurrent,
                             say=lambda s: click.echo(s, err=True))
     except (http.ServeError, OSError) as exc:
         _fail(str(exc))

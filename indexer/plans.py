@@ -1,9 +1,14 @@
-"""Queries' optimized plans in the Parquet store, for the log-only fallback.
+"""Queries' plans in the Parquet store, for the log-only fallback and for naming what answers cross.
 
-Capture logs a query's optimized plan (``capture/spark_plan.optimized_records``) in its
-LOG_PLAN record, once per start and per plan change, with ``from_batch``: the first
-batch the plan made. The indexer keeps each here, durable before the record's offset is
-committed, one JSON file per plan:
+Capture logs a query's plans in its LOG_PLAN record, once per start and per plan change,
+with ``from_batch``: the first batch the plan made. The indexer keeps of each, durable
+before the record's offset is committed, one JSON file per plan: the optimized plan
+(``optimized``, ``capture/spark_plan.optimized_records``: what inference replays), the
+plan IR (``ir``, ``headwater.core.plan``: the node ids lineage's ``ops`` name), the sink's
+columns (``output_columns``: what ``cols`` masks are over), ``sources``, ``state`` (the
+stateful aggregates), ``sink`` and ``at``. Plans kept before the IR was (no ``ir``,
+``output_columns``, ``state``) load as they are; the query tier then names operators by id
+(``query/explain.py``).
 
     <store_dir>/<log topic>/plans/<query, hex>/<from_batch, 12 digits>-<fingerprint>.json
 

@@ -315,7 +315,9 @@ class Indexer:
             if record.get("optimized") and re.fullmatch(r"[0-9a-f]+", str(record.get("fingerprint"))):
                 self.plans.write(record["query"], int(record.get("from_batch") or 0), record["fingerprint"],
                                  {"optimized": record["optimized"], "sink": record.get("sink"),
-                                  "sources": record.get("sources", []), "at": record.get("at")})
+                                  "sources": record.get("sources", []), "at": record.get("at"),
+                                  "ir": record.get("ir"), "output_columns": record.get("output_columns"),
+                                  "state": record.get("state", [])})
         elif record["schema"] in (LOG_BATCH, LOG_PROGRESS):
             fields = {k: v for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
             # Both halves of a batch's log entry land on one Batch node; nested values

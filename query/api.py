@@ -44,12 +44,13 @@ from headwater.core.plan import accumulates, location_key
 from .address import parse_source
 from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
 from .cypher import CypherBackend
-from .datasets import Tables, shown
+from .datasets import Tables, names_table, shown
+from .explain import Explainer, rids_path
 from .fallback import Fallback, offset_ranges
 from .forward_fallback import Forward
 from .parquet import CSProvBackend, RecursiveBackend
-from .payload import attach_payload, table_location
-from .walk import MAX_REACH, is_target
+from .payload import SINK_FORMATS, attach_payload, check_broker, sink_files, sink_row, table_location
+from .walk import KINDS, MAX_REACH, is_target
 
 # cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
 # rq: the Parquet store scanned whole at every level (the baseline CSProv is measured against).
@@ -62,6 +63,8 @@ TIMEOUT_S = 60.0  # a question still walking after this long is refused (checked
 # The graph store not answering: auto then asks the Parquet store.
 GRAPH_AWAY = (GraphUnavailable, ServiceUnavailable, SessionExpired, OSError)
 TABLES_TTL_S = 5.0  # how long the static tables' names are kept before the store is asked again
+BROKER_TTL_S = 10.0  # how long a broker that answered is taken to be up before payloads ask it again
+MAX_NAMED = 20  # datasets an unknown target's error names, at most
 
 
 def moment(value, name: str) -> datetime | None:
@@ -128,6 +131,8 @@ class LineageClient:
         self._fallback: Fallback | None = None
         self._forward: Forward | None = None
         self._tables: tuple[float, Tables] | None = None
+        self._explainer: Explainer | None = None
+        self._broker_answered = float("-inf")  # when the broker last answered (monotonic)
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -179,6 +184,43 @@ class LineageClient:
         """The rid of ``row``: a rid as it is, or an address (``kafka:orders:0:17``, ``table:customers:7`` …)."""
         return parse_source(row, self.tables()) if isinstance(row, str) else row
 
+    def explainer(self) -> Explainer:
+        """The kept plans, named (``explain.Explainer``): what answers' ``operators`` and ``columns`` come from."""
+        with self._making:
+            if self._explainer is None:
+                self._explainer = Explainer(self.config.store_path(), self.config.log_topic)
+            return self._explainer
+
+    def target(self, to: str, name: str = "to") -> str:
+        """``to`` as a walk compares it with rows: a kind of row, or a dataset the kept plans have (a query's
+        sink given as the sink, ``parquet:/out``, is its query's name, which its rows carry).
+
+        ``LineageError`` naming the datasets there are when no kept plan has it (a typo would
+        otherwise be an empty, complete answer). With no plan kept, nothing tells, and ``to``
+        is taken as it is.
+        """
+        if to in KINDS:
+            return to
+        explainer = self.explainer()
+        known = explainer.datasets()
+        if not known or to in known["queries"] or to in known["state"] or to in known["other"]:
+            return to
+        if to in known["sinks"]:
+            return known["sinks"][to]
+        tables = [*known["tables"].items(),
+                  *((dataset, held.get("short_name")) for dataset, held in self.tables().described.items())]
+        if any(names_table(to, dataset, alias) for dataset, alias in tables):
+            return to
+        if to.startswith("file:") and any(rids_path(to[5:]).startswith(root) for root in known["files"]):
+            return to
+        if to.startswith("kafka:") and to[6:] in explainer.topics():
+            return to
+        named = sorted(known["queries"]) + sorted(set(known["tables"].values()) - {None}) + \
+            [f"kafka:{t}" for t in explainer.topics()] + sorted(known["state"]) + sorted(known["sinks"])
+        more = f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED else ""
+        raise LineageError(f"no kept plan has a dataset {to!r}: {name} is source, state or output, or one of "
+                           f"{', '.join(named[:MAX_NAMED])}{more}")
+
     @staticmethod
     def _shown(answer: Answer) -> Answer:
         """``answer`` with static tables named as people see them (``datasets.shown``), each row's table kept."""
@@ -192,10 +234,19 @@ class LineageClient:
         return answer
 
     def with_payload(self, found: list[Lineage], backend: WalkingBackend | None = None) -> list[Lineage]:
-        """``found`` with each row's original source record added (what ``payload=True`` does)."""
+        """``found`` with each row's original source record, or an output row's row in its file sink, added (what
+        ``payload=True`` does). ``LineageError`` within seconds if Kafka records are wanted and the broker
+        does not answer."""
         backend = backend or self._backend(self.names[0])
+        if any(item.topic is not None for item in found) and \
+                time.monotonic() - self._broker_answered > BROKER_TTL_S:
+            check_broker(self.config)
+            self._broker_answered = time.monotonic()
         datasets: dict = {}
         for item in found:
+            if item.kind == "output":
+                self._sink_payload(item)
+                continue
             dataset = rids.table_dataset(item.table) if item.table else item.dataset  # shown short, or not yet
             versions = None
             if dataset and item.topic is None and dataset not in datasets:
@@ -212,6 +263,24 @@ class LineageClient:
                     stream = fallback.file_source(item.path)
             attach_payload(item, self.config, datasets.get(dataset), versions, read_at, stream)
         return found
+
+    def _sink_payload(self, item: Lineage) -> None:
+        """An output row's row, read from its query's file sink: only the files its batches wrote."""
+        sink = self.explainer().sink_of(item.dataset)
+        if sink is None or sink.partition(":")[0] not in SINK_FORMATS:
+            item.payload = {"error": f"the rows of {item.dataset} cannot be read here: its sink is "
+                                     f"{sink or 'not in a kept plan'}, not a file sink "
+                                     f"({', '.join(k + ':PATH' for k in SINK_FORMATS)})"}
+            return
+        query = self.explainer().query_of(item.dataset)
+        with self._inferring:
+            log = self._fallbacks()[0].log.refresh()
+            logged = {batch: (log.batch(query, batch) or {}).get("sink_files") for batch in item.batches}
+        try:
+            files = sink_files(sink, logged)
+        except (OSError, ValueError):  # a sink log this host cannot read: every file is read instead
+            files = []
+        item.payload = sink_row(sink, item.rid, files)
 
     def backward(self, rid: int | str, to: str = "source", depth: int = 16, payload: bool = False,
                  cols: int | None = None, paths: int = 0, since=None, until=None) -> Answer:
@@ -236,9 +305,22 @@ class LineageClient:
 
     def _one_way(self, row, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
         rid = self.rid_of(row)
-        return self._shown(self._asked_one_way(row, rid, to, depth, payload, cols, paths, since, until, backward))
+        answer, asked = self._asked_one_way(row, rid, self.target(to), depth, payload, cols, paths, since, until,
+                                            backward)
+        self._explain(answer, asked, backward)
+        return self._shown(answer)
 
-    def _asked_one_way(self, row, rid, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
+    def _explain(self, answer: Answer, asked: dict | None, backward: bool) -> None:
+        """Each record's ``operators`` and ``columns`` (``explain.py``), from the kept plans; a store whose plans
+        cannot be read leaves them out, never failing the answer."""
+        try:
+            self.explainer().explain(answer.records, asked, backward)
+        except OSError:
+            pass
+
+    def _asked_one_way(self, row, rid, to, depth, payload, cols, paths, since, until,
+                       backward: bool) -> tuple[Answer, dict | None]:
+        """The answer, and what the asked row is (``kind``, ``dataset``, ``topic``, ``path``) where known."""
         if cols is not None and (not isinstance(cols, int) or isinstance(cols, bool) or cols == 0):
             raise LineageError(f"cols is a non-zero bit mask of columns, not {cols!r}")
         if not isinstance(paths, int) or isinstance(paths, bool) or not 0 <= paths <= MAX_PATHS:
@@ -259,7 +341,7 @@ class LineageClient:
                         inferred.read_by = read.gaps
                 if inferred is None:
                     raise UnknownRow(self._never_read(row, rid, unknown)) from None
-            return inferred
+                return inferred, self._inferred_row(rid, inferred, backward, deadline)
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
                                        deadline, window.outside(backend))
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
@@ -269,7 +351,19 @@ class LineageClient:
             with self._inferring:
                 read = self._fallbacks()[1].find(rid, deadline, captured=True)
             answer.read_by = read.gaps if read is not None else []
-        return answer
+        return answer, records.get(rid)
+
+    def _inferred_row(self, rid: int, answer: Answer, backward: bool, deadline: float) -> dict | None:
+        """What the asked row of an inferred answer is: backward, an output row of the query of the batch it
+        fills (its gap); forward, the source row the batches read (the log's offsets say which)."""
+        if backward:
+            return {"kind": "output", "dataset": answer.gaps[0].query} if answer.gaps else None
+        read = self._fallbacks()[1].find(rid, deadline) if answer.records else None
+        if read is None:
+            return None
+        if read.kind == "kafka":
+            return {"kind": "source", "dataset": f"kafka:{read.at[0]}", "topic": read.at[0]}
+        return {"kind": "source", "dataset": read.at[0]}
 
     def _never_read(self, row: int | str, rid: int, unknown: UnknownRow) -> str:
         """Why no store holds the row and no batch the log records read it, as precisely as ``row`` allows."""
@@ -332,6 +426,7 @@ class LineageClient:
 
     def _two_ways(self, row, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
         rid = self.rid_of(row)
+        to, via = self.target(to), self.target(via, "via")
         check_depth(depth)
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
@@ -347,7 +442,10 @@ class LineageClient:
                                            deadline=deadline, outside=outside)
             legs.append((second, records, not first_backward))
             found = [x for x in lineage_of(rid, second.found, records, to) if x.rid != rid]
-        return self._shown(self._answer(backend, rid, ordered(found), legs, payload))
+        answer = self._answer(backend, rid, ordered(found), legs, payload)
+        # The second leg starts from the via rows: backward, the paths end at them, each of the query that made it.
+        self._explain(answer, None, not first_backward)
+        return self._shown(answer)
 
     def _answer(self, backend: WalkingBackend, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
         crossed = set().union(*(walked.crossed for walked, _, _ in legs))

@@ -29,7 +29,11 @@ class UnknownRow(LineageError):
 
 @dataclass
 class Lineage:
-    """One row found by a lineage query, relative to the row asked about."""
+    """One row found by a lineage query, relative to the row asked about.
+
+    A record a walk found also has ``hops``, an attribute but no field of the record: the
+    ``(query, op)`` of every edge on its paths, which ``explain.py`` names ``operators`` from.
+    """
 
     of: int  # the rid the query started from
     rid: int
@@ -42,9 +46,13 @@ class Lineage:
     path: str | None = None
     position: int | None = None
     ops: list[int] = field(default_factory=list)  # operators on the paths to it (plan IR ids), sorted
+    # The plan operators its rows flowed through, named, in data-flow order (``explain.py``):
+    # {"query", "id", "kind", "name", "spark_class", "inputs"} each.
+    operators: list[dict] | None = None
     # Attribute mask: bit i set when column i of the output row at the path's end
     # derives from this input (TensProv), over all paths; -1 (every column) when unknown.
     cols: int | None = None
+    columns: list[str] | None = None  # the names of cols' columns, where the mask and the columns are known
     batches: list[int] = field(default_factory=list)
     exact: bool = True
     via: str = "edges"
@@ -67,8 +75,8 @@ class Lineage:
         return found
 
 
-# In a record only when asked for, or where they apply (a static table's row).
-OPTIONAL_FIELDS = ("payload", "paths", "paths_cut", "table", "changed_since")
+# In a record only when asked for, or where they apply (a static table's row, a known mask).
+OPTIONAL_FIELDS = ("payload", "paths", "paths_cut", "table", "changed_since", "operators", "columns")
 
 
 @dataclass
@@ -154,11 +162,13 @@ def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: i
             continue
         if cols is not None and not reach.cols & cols:
             continue
-        answer.append(Lineage(
+        item = Lineage(
             of=rid, rid=row, **{k: record.get(k) for k in ROW_FIELDS[1:]}, ops=sorted(reach.ops), cols=reach.cols,
             batches=sorted(reach.batches), exact=reach.exact, via="edges",
             paths=[[list(hop) for hop in p] for p in sorted(reach.paths)] if paths else None,
-            paths_cut=reach.paths_cut if paths else None))
+            paths_cut=reach.paths_cut if paths else None)
+        item.hops = reach.hops
+        answer.append(item)
     return ordered(answer)
 
 

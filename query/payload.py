@@ -1,17 +1,24 @@
-"""Fetching the original source records behind lineage rows (``--payload``)."""
+"""Fetching the rows behind lineage records (``--payload``): a source row's original record, an
+output row's row in its file sink."""
 
 from __future__ import annotations
 
 import base64
 import datetime
+import decimal
 import json
+import time
+from pathlib import Path
 
-from headwater.adapters.kafka import Kafka, KafkaSourceError, record_at
-from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version
+from kafka.errors import KafkaError
+
+from headwater.adapters.kafka import Kafka, KafkaSourceError, config_of, consumer, record_at
+from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version, uri_path
+from headwater.adapters.table_files.listing import data_files
 from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
 
-from .backend import Lineage
+from .backend import Lineage, LineageError
 from .fallback import key_text, logged_time
 
 
@@ -87,7 +94,94 @@ def static_row(described: dict | None, key: str | None, rid: int) -> dict:
 
 
 def _plain(row: dict) -> dict:
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
+    """A row as JSON holds it: times in ISO 8601, decimals as text (exact), bytes as base64, structs, maps and
+    arrays likewise."""
+    return {k: _value(v) for k, v in row.items()}
+
+
+def _value(v):
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, bytes):
+        return {"base64": base64.b64encode(v).decode()}
+    if isinstance(v, dict):
+        return _plain(v)
+    if isinstance(v, (list, tuple)):
+        return [_value(x) for x in v]
+    return v
+
+
+RID_COLUMN = "_hw_rid"
+SINK_FORMATS = ("parquet", "orc", "json")  # file sinks read back here, as ``query/sink.py`` names them
+BROKER_TIMEOUT_S = 3.0  # how long payloads wait for the broker to answer before the answer fails
+
+
+def check_broker(kafka: Kafka, timeout_s: float = BROKER_TIMEOUT_S) -> None:
+    """``LineageError`` (naming the broker) unless the broker answers a metadata request within about
+    ``timeout_s``: kafka-python would otherwise wait its request timeout (30 s) for each record."""
+    config = config_of(kafka)
+    started = time.monotonic()
+    client = None
+    try:
+        client = consumer(config, bootstrap_timeout_ms=int(timeout_s * 1000), request_timeout_ms=int(timeout_s * 1000))
+        client.topics()
+    except (KafkaError, OSError) as exc:
+        raise LineageError(f"the Kafka broker at {config.bootstrap} did not answer within "
+                           f"{time.monotonic() - started:.1f} s ({type(exc).__name__}), so Kafka records' payloads "
+                           f"cannot be read: is it up? Ask again without payload for the lineage alone") from None
+    finally:
+        if client is not None:
+            client.close()
+
+
+def sink_files(sink: str, batches: dict[int, list[str] | None]) -> list[str]:
+    """The files of file sink ``sink`` (``parquet:PATH``…) the batches wrote: each batch's as its log entry
+    lists them (``batches``: batch → ``sink_files``, None if not logged), else as the sink's own
+    ``_spark_metadata`` log does."""
+    from headwater.adapters.table_files import sink_batch_files
+
+    root = local_path(sink.partition(":")[2])
+    found: set[str] = set()
+    for batch, listed in sorted(batches.items()):
+        if listed is None and Path(root, "_spark_metadata").is_dir():
+            listed = sink_batch_files(root, batch)
+        found.update(str(Path(uri_path(f))) for f in listed or [])
+    return sorted(f for f in found if Path(f).is_file())
+
+
+def sink_row(sink: str, rid: int, files: list[str]) -> dict:
+    """The row whose ``_hw_rid`` is ``rid`` of the file sink ``sink`` (``parquet:PATH``, ``orc:PATH``,
+    ``json:PATH``), read with pyarrow from ``files`` (those of the batches that wrote it), else from every
+    file the sink holds; its columns but ``_hw_rid`` (the record's rid), partition columns included."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    kind, _, path = sink.partition(":")
+    if kind not in SINK_FORMATS or not path:
+        return {"error": f"the rows of the sink {sink} cannot be read here (only file sinks: "
+                         f"{', '.join(k + ':PATH' for k in SINK_FORMATS)})"}
+
+    def row_in(candidates: list[str]) -> dict | None:
+        dataset = ds.dataset(candidates, format=kind, partitioning="hive", partition_base_dir=root)
+        if RID_COLUMN not in dataset.schema.names:
+            raise ValueError(f"it has no {RID_COLUMN} column: its query was traced with emit_rid=False")
+        found = dataset.to_table(filter=pc.field(RID_COLUMN) == rid)
+        return found.slice(0, 1).to_pylist()[0] if found.num_rows else None
+
+    try:
+        root = local_path(path)
+        row = row_in(files) if files else None
+        if row is None:  # not in the batches' files: every file the sink committed
+            every = [f.path for f in data_files({"paths": [root]}, {})]
+            row = row_in(every) if every and set(every) != set(files) else None
+    except (TableUnreadable, OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        return {"error": f"{sink} cannot be read: {exc}"}
+    if row is None:
+        return {"error": f"no row of {sink} has {RID_COLUMN} {rid} now (deleted, or the sink rewritten)"}
+    row.pop(RID_COLUMN, None)
+    return _plain(row)
 
 
 def file_row(path: str, position: int | None, rid: int | None = None, stream: dict | None = None) -> dict:
@@ -133,5 +227,5 @@ def attach_payload(item: Lineage, kafka: Kafka, dataset: dict | None, versions: 
             if location is not None and versions:
                 item.changed_since = table_version(location)["digest"] not in versions
             item.payload = static_row(dataset, item.key, item.rid)
-    except (TableUnreadable, OSError, ValueError) as exc:
+    except (TableUnreadable, OSError, ValueError, KafkaError) as exc:
         item.payload = {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,37 +1,22 @@
-"""Addressing rows by a predicate over a sink's rows: ``--dataset SINK --where "SQL"``.
+"""Spark's half of ``--dataset SINK --where "SQL"``: a sink's rows read and filtered by Spark.
 
-A traced query's sink rows carry their rid in ``_hw_rid``, and lineage names a sink the
-way capture describes it (``SinkSpec.describe``): ``parquet:/path``, ``json:/path``,
-``orc:/path``, ``table:NAME``. ``select`` reads the sink with Spark, keeps the rows the
-predicate holds for, and returns their rids, for the lineage questions to start from.
+``where.py`` answers what it can without Spark and comes here for the rest (a table sink,
+a predicate over dates or decimals…). A traced query's sink rows carry their rid in
+``_hw_rid``, and lineage names a sink the way capture describes it (``SinkSpec.describe``):
+``parquet:/path``, ``json:/path``, ``orc:/path``, ``table:NAME``. ``select`` reads the sink
+with Spark, keeps the rows the predicate holds for, and returns their rids.
 
-The predicate is one Spark SQL expression over the sink's columns. Before it runs it
-is parsed and checked: subqueries (which could read other tables) and functions that
-are not plain value functions (``reflect``, ``java_method`` and the like run arbitrary
-code) are refused, so it can only select rows of that sink.
+The predicate is checked twice before it runs: by ``where.parse_predicate`` and by Spark's
+own parser, whose tree must hold no subquery (which could read other tables) and call only
+the value functions of ``where.FUNCTIONS`` (``reflect``, ``java_method`` and the like run
+arbitrary code), so it can only select rows of that sink.
 """
 
 from __future__ import annotations
 
 from .backend import LineageError
+from .where import FUNCTIONS, MAX_SELECTED, READABLE, RID_COLUMN, parse_predicate
 
-RID_COLUMN = "_hw_rid"
-READABLE = ("parquet", "json", "orc")  # file sinks Spark reads back with their schema
-MAX_SELECTED = 1000  # rows a predicate may select; more is refused, not cut
-MAX_PREDICATE = 4096  # characters
-# Functions a predicate may call: comparisons, logic, arithmetic, strings, dates, nulls, casts.
-FUNCTIONS = frozenset("""
-abs acos asin atan ceil ceiling cos exp floor ln log log10 log2 mod pmod pow power round bround sign signum sin sqrt tan
-greatest least isnull isnotnull isnan nvl nvl2 coalesce ifnull nullif if
-lower upper lcase ucase length char_length character_length trim ltrim rtrim substr substring substring_index left right
-concat concat_ws replace instr locate position lpad rpad reverse startswith endswith contains like ilike rlike regexp
-regexp_like split_part format_number initcap
-date to_date to_timestamp timestamp year month day dayofmonth dayofweek dayofyear hour minute second weekofyear
-quarter date_add date_sub datediff add_months months_between date_trunc trunc unix_timestamp from_unixtime
-current_date current_timestamp now make_date
-cast int bigint smallint tinyint double float string boolean decimal
-array_contains size element_at
-""".split())
 # Expression nodes that reach beyond the sink's rows.
 REFUSED_NODES = ("Subquery", "Exists", "ListQuery", "Lateral", "Outer")
 
@@ -53,9 +38,9 @@ def _children(expression) -> list:
 
 
 def check_predicate(spark, where: str) -> None:
-    """``LineageError`` unless ``where`` is one plain Spark SQL expression (no subqueries, known functions only)."""
-    if not isinstance(where, str) or not where.strip() or len(where) > MAX_PREDICATE:
-        raise LineageError(f"--where needs one SQL expression of at most {MAX_PREDICATE} characters")
+    """``LineageError`` unless ``where`` is one plain Spark SQL expression (no subqueries, known functions only),
+    to ``where.parse_predicate`` and to Spark's parser alike."""
+    parse_predicate(where)
     parser = spark._jsparkSession.sessionState().sqlParser()
     try:
         parsed = parser.parseExpression(where)

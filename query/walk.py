@@ -5,7 +5,8 @@ A lineage answer is, for each row reached from the asked row by a path of 1 to
 target (of the kind ``to`` names, or of the dataset ``to`` names), aggregated over all
 those paths:
 
-- ``ops``, ``batches``: every operator and batch on them (sorted);
+- ``ops``, ``batches``: every operator and batch on them (sorted); ``hops``: every
+  ``(query, op)``, which ``explain.py`` names the operators by;
 - ``exact``: every edge on every one of them exact;
 - ``cols``: the attribute mask of each path's most downstream edge, OR-ed;
 - ``paths`` (how-provenance, when asked for): the paths themselves, each a list of
@@ -61,18 +62,21 @@ class Reach:
     batches: set[int] = field(default_factory=set)
     paths: set[tuple] = field(default_factory=set)  # only with how-provenance asked for
     paths_cut: bool = False  # more paths than kept
+    hops: set[tuple[str, int]] = field(default_factory=set)  # (query, op) of every edge on them: ops by query
 
     def merge(self, other: "Reach", keep: int) -> None:
         self.cols |= other.cols
         self.exact = self.exact and other.exact
         self.ops |= other.ops
         self.batches |= other.batches
+        self.hops |= other.hops
         if keep:
             self.paths, cut = _first(self.paths | other.paths, keep)
             self.paths_cut = self.paths_cut or other.paths_cut or cut
 
     def copy(self) -> "Reach":
-        return Reach(self.cols, self.exact, set(self.ops), set(self.batches), set(self.paths), self.paths_cut)
+        return Reach(self.cols, self.exact, set(self.ops), set(self.batches), set(self.paths), self.paths_cut,
+                     set(self.hops))
 
 
 def _first(paths: set[tuple], keep: int) -> tuple[set[tuple], bool]:
@@ -147,11 +151,13 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
                     continue  # feeds none of the asked columns
                 crossed.add((query, batch))
                 # The most downstream edge's mask: backward, the first edge walked; forward, the last.
-                reach = Reach(mask if before is None or not backward else before.cols, exact, {op}, {batch})
+                reach = Reach(mask if before is None or not backward else before.cols, exact, {op}, {batch},
+                              hops={(query, op)})
                 if before is not None:
                     reach.exact = reach.exact and before.exact
                     reach.ops |= before.ops
                     reach.batches |= before.batches
+                    reach.hops |= before.hops
                 if paths:
                     hop = (query, batch, op)
                     reach.paths = ({(hop,)} if before is None else {(hop,) + p for p in before.paths} if backward

@@ -186,3 +186,14 @@ def tools():
     from headwater.deploy.tools import path
 
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory):
+    """``(home, output)``: a stack of its own on free ports with ``headwater demo`` run on it once, as a user
+    runs it (its stdout kept), shared by the explorer's and the HTTP load tests; stopped at the session's end."""
+    from bench.http_load import demo_stack
+
+    home = tmp_path_factory.mktemp("demo") / "home"
+    with demo_stack(home) as output:
+        yield home, output

@@ -16,7 +16,7 @@ def test_demo_runs_end_to_end_in_under_three_minutes_and_prints_lineage(tmp_path
                               capture_output=True, text=True, timeout=timeout)
 
     up = cli("stack", "up", "--broker-port", str(free_port()), "--bolt-port", str(free_port()),
-             "--http-port", str(free_port()))
+             "--http-port", str(free_port()), "--query-port", str(free_port()))
     assert up.returncode == 0, up.stderr
     try:
         started = time.monotonic()

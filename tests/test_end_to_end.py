@@ -237,8 +237,10 @@ def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     assert bad_depth.returncode == 2 and "depth" in json.loads(bad_depth.stderr)["error"]
     bad_source = cli("lineage", "forward", "--source", "kafka:no-partition")
     assert bad_source.returncode == 2 and "expected kafka:TOPIC" in json.loads(bad_source.stderr)["error"]
+    # A target no kept plan has is refused, naming those there are (an injection attempt is no dataset either).
     injection = cli("lineage", "backward", "--rid", str(row._hw_rid), "--to", "x' OR 1=1 //")
-    assert injection.returncode == 0 and injection.stdout == ""
+    assert injection.returncode == 2 and injection.stdout == ""
+    assert "no kept plan has a dataset" in json.loads(injection.stderr)["error"]
 
 
 def test_rows_addressed_by_a_predicate_over_the_sink(spark, stack, run):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
 import signal
 import socket
@@ -346,7 +347,8 @@ def test_hostile_input(store, client, server):
                  b"POST /v1/lineage/backward"):
         garbage = raw(server, line + b"\r\n\r\n")
         assert garbage.startswith(b"HTTP/1.0 400") and b'{"error": "Bad ' in garbage, (line, garbage)
-    for path in ("/v1/lineage/sideways", "/v1/lineage/backward/", "/v1/../etc/passwd", "/", "/v1"):
+    for path in ("/v1/lineage/sideways", "/v1/lineage/backward/", "/v1/../etc/passwd", "/v1", "/index.html",
+                 "/explorer/", "/explorer/../http.py", "/explorer/app.js/", "/explorer/nothing.js"):
         status, body, _ = get(server, path, {"rid": start})
         assert status == 404 and set(body) == {"error"}, path
     # the server still answers, and right
@@ -401,30 +403,77 @@ class FakeBlockingBackend(WalkingBackend):
         return Walk({}, set(), set()), {}
 
 
-def test_max_concurrent_is_503_not_a_queue(store, monkeypatch):
+def test_max_concurrent_queues_briefly_then_answers_503(store, monkeypatch):
+    """Beyond max_concurrent, a query waits for a slot (max_queued of them, queue_wait_s each); past either, 503."""
     monkeypatch.setitem(api.BACKENDS, "fake-blocking", FakeBlockingBackend)
+    FakeBlockingBackend.entered.clear()
+    FakeBlockingBackend.release.clear()
     running = http.serve(store.config, "127.0.0.1", 0, backend="csprov", token=TOKEN, max_concurrent=1,
-                         say=lambda line: None)
-    first = {}
+                         max_queued=1, queue_wait_s=1.0, say=lambda line: None)
+    answers = {}
+
+    def ask_in_thread(name: str, params: dict) -> threading.Thread:
+        def one() -> None:
+            answer = get(running, "/v1/lineage/backward", params)
+            answers[name] = (time.monotonic(), answer)
+
+        thread = threading.Thread(target=one)
+        thread.start()
+        return thread
+
+    alert = store.by_kind["alerts"][0]
     try:
-        waiting = threading.Thread(target=lambda: first.update(
-            answer=ask(running, "backward", {"rid": 7, "backend": "fake-blocking"})))
-        waiting.start()
+        blocking = ask_in_thread("blocking", {"rid": 7, "backend": "fake-blocking"})
         assert FakeBlockingBackend.entered.wait(30)
         began = time.monotonic()
-        status, body, headers = get(running, "/v1/lineage/forward", {"rid": 7})
+        queued = ask_in_thread("queued", {"rid": alert})  # waits for the slot, and its wait runs out
+        time.sleep(0.3)
+        status, body, headers = get(running, "/v1/lineage/forward", {"rid": 7})  # the queue is full: at once
         assert status == 503 and headers["Retry-After"] == "1" and "retry later" in body["error"]
-        assert time.monotonic() - began < 5
+        assert time.monotonic() - began < 0.9
         assert get(running, "/healthz", token=None)[0] == 200  # not a query: not limited
+        queued.join(30)
+        ended, (status, body, headers) = answers["queued"]
+        assert status == 503 and headers["Retry-After"] == "1" and 0.9 < ended - began < 5
+        # a query that waits while the slot comes free is answered
+        queued = ask_in_thread("queued", {"rid": alert})
+        time.sleep(0.3)
         FakeBlockingBackend.release.set()
-        waiting.join(30)
-        assert first["answer"] == (200, {"of": 7, "answer": [], "truncated": False, "complete": True, "gaps": [],
-                                         "unexplained": [], "read_by": []})
-        status, body = ask(running, "backward", {"rid": store.by_kind["alerts"][0]})
+        blocking.join(30)
+        queued.join(30)
+        assert answers["blocking"][1][:2] == (200, {"of": 7, "answer": [], "truncated": False, "complete": True,
+                                                    "gaps": [], "unexplained": [], "read_by": []})
+        status, body, _ = answers["queued"][1]
         assert status == 200 and body["answer"]
     finally:
         FakeBlockingBackend.release.set()
         running.close()
+
+
+def test_slots_serve_waiting_queries_first_come_first_served():
+    slots = http._Slots(running=1, queued=3, wait_s=10)
+    assert slots.enter()
+    order = []
+
+    def wait(name: str) -> None:
+        assert slots.enter()
+        order.append(name)
+        slots.leave()
+
+    threads = []
+    for name in "abc":
+        threads.append(threading.Thread(target=wait, args=(name,)))
+        threads[-1].start()
+        time.sleep(0.1)  # in this order
+    assert not slots.enter(wait_s=0)  # three wait: the queue is full
+    slots.leave()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["a", "b", "c"]
+    assert slots.enter(wait_s=0)  # every slot came back
+    slots.leave()
+    slots.close(1.0)
+    assert not slots.enter()  # closed: refused
 
 
 def test_a_slow_client_is_dropped(store):
@@ -446,9 +495,11 @@ def test_openapi_document(store, server):
     assert document["security"] == [{"bearer": []}]
     assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     schemas = document["components"]["schemas"]
-    assert set(schemas["Lineage"]["properties"]) == {f for f in Lineage.__dataclass_fields__}
-    assert set(document["paths"]) == {r.path for r in http.ROUTES} | {"/openapi.json", "/healthz", "/readyz", "/metrics"}
-    for probe in ("/healthz", "/readyz", "/metrics"):  # without the token (tests/test_health.py)
+    assert set(schemas["Lineage"]["properties"]) == set(http.record_fields())
+    assert set(Lineage(of=1, rid=2, kind="source", dataset=None).to_dict()) <= set(http.record_fields())
+    assert set(document["paths"]) == {r.path for r in http.ROUTES} | {"/", "/openapi.json", "/healthz", "/readyz",
+                                                                      "/metrics"}
+    for probe in ("/", "/healthz", "/readyz", "/metrics"):  # without the token (tests/test_health.py)
         assert document["paths"][probe]["get"]["security"] == []
 
     def refs(node):
@@ -465,6 +516,13 @@ def test_openapi_document(store, server):
     for route in http.ROUTES:
         operation = document["paths"][route.path]["get"]
         params = {p["name"]: p for p in operation["parameters"]}
+        assert {"200", "400", "401", "404", "503"} <= set(operation["responses"])
+        if not route.row:
+            assert list(params) == [p.name for p in route.options]
+            assert [n for n, p in params.items() if p["required"]] == list(route.required)
+            assert all("default" in p["schema"] for p in params.values() if not p["required"])
+            assert operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(route.answer)
+            continue
         assert list(params) == [p.name for p in http.ROW + route.options + (http.BACKEND,)]
         assert all(p["in"] == "query" and "type" in p["schema"] for p in params.values())
         assert params["backend"]["schema"]["enum"] == api.choices()
@@ -477,8 +535,17 @@ def test_openapi_document(store, server):
     # every path answers, as the document says
     start = store.by_kind["enrich"][0]
     lineage = schemas["Lineage"]
-    for path, item in document["paths"].items():
-        if path == "/metrics":  # Prometheus text, not JSON: tests/test_health.py
+    rows = {r.path for r in http.ROUTES if r.row}
+    for path in document["paths"]:
+        if path in ("/metrics", "/"):  # not JSON: tests/test_health.py, test_the_explorer_is_served_to_anyone
+            continue
+        if path.startswith("/v1/") and path not in rows:  # this store has neither plans nor a batch log
+            route = next(r for r in http.ROUTES if r.path == path)
+            status, body, _ = get(server, path)
+            if route.required:
+                assert status == 400 and set(body) == {"error"} and "give" in body["error"], path
+            else:
+                assert status == 200 and set(body) == set(schemas[route.answer]["required"]), path
             continue
         status, body, _ = get(server, path, {"rid": start} if path.startswith("/v1/") else ())
         assert status == 200, path
@@ -491,7 +558,8 @@ def test_openapi_document(store, server):
 
 def test_read_only(store, server):
     for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "PROPFIND", "HEAD"):
-        for path in ("/v1/lineage/backward", "/healthz", "/openapi.json", "/nowhere"):
+        for path in ("/v1/lineage/backward", "/healthz", "/openapi.json", "/nowhere", "/", "/explorer/app.js",
+                     "/v1/queries", "/v1/where"):
             status, body, headers = get(server, path, {"rid": 1}, method=method)
             assert status == 405 and headers["Allow"] == "GET", (method, path)
             assert body is None if method == "HEAD" else "read-only" in body["error"]
@@ -610,3 +678,91 @@ def test_concurrent_questions_get_their_own_answers(store, client):
     finally:
         running.close()
     assert {i: got[i] for i in range(len(questions))} == {i: expected[d, r] for i, (d, r, _) in enumerate(questions)}
+
+
+def fetch(server, path: str, token: str | None = None) -> tuple[int, bytes, dict]:
+    """``(status, body, headers)`` of a GET, whatever its content type."""
+    sent = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", headers=sent)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read(), response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), error.headers
+
+
+def test_the_explorer_is_served_to_anyone(server, logged):
+    """Its files hold no lineage, and a browser opening the page cannot send a token; the data stays behind it."""
+    for path, kind in [("/", "text/html"), ("/explorer/app.js", "text/javascript"),
+                       ("/explorer/graph.js", "text/javascript"), ("/explorer/style.css", "text/css"),
+                       ("/explorer/icon.svg", "image/svg+xml")]:
+        for token in (None, "wrong" * 5, TOKEN):
+            status, body, headers = fetch(server, path, token)
+            assert status == 200 and headers["Content-Type"].startswith(kind), (path, token)
+            assert body == (http.EXPLORER_DIR / http.EXPLORER_FILES[path][0]).read_bytes()
+            assert "script-src 'self'" in headers["Content-Security-Policy"]
+            assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
+            assert headers["X-Frame-Options"] == "DENY" and headers["Referrer-Policy"] == "no-referrer"
+    # nothing fetched from elsewhere: every script, style and image is the server's own (the CSP says so too)
+    for name in ("index.html", "app.js", "graph.js", "style.css", "icon.svg"):
+        text = (http.EXPLORER_DIR / name).read_text()
+        assert set(re.findall(r"\w+://[^'\"\s)]*", text)) <= {"http://www.w3.org/2000/svg"}, name
+        assert "import(" not in text and "@import" not in text, name
+        assert "innerHTML" not in text and "eval(" not in text, name  # data shown as text, never as markup
+    # the lineage is not: without the token, 401
+    for path in ("/v1/queries", "/v1/query?name=x", "/v1/batch?query=x&batch=0", "/v1/where?dataset=x&where=y"):
+        status, body, _ = fetch(server, path, "wrong" * 5)
+        assert status == 401 and json.loads(body) == {"error": "give the server's token: Authorization: Bearer <token>"}
+    assert "GET / 200" in "\n".join(logged)
+
+
+EXPLORER_HOSTILE = [
+    ("/v1/queries", {"x": "1"}, 400, "unknown parameter"),
+    ("/v1/queries", {"rid": "1"}, 400, "unknown parameter"),
+    ("/v1/query", {}, 400, "give name"),
+    ("/v1/query", {"name": ""}, 400, "is empty"),
+    ("/v1/query", "name=a&name=b", 400, "more than once"),
+    ("/v1/query", {"name": "a\x00b"}, 400, "printable"),
+    ("/v1/query", {"name": "q\r\nX-Injected: 1"}, 400, "printable"),
+    ("/v1/query", {"name": "q" * 257}, 400, "at most 256"),
+    ("/v1/query", {"name": "x' OR 1=1 --"}, 404, "no query"),
+    ("/v1/query", {"name": "../../etc/passwd"}, 404, "no query"),
+    ("/v1/query", {"name": "q", "limit": "0"}, 400, "limit is from 1"),
+    ("/v1/query", {"name": "q", "limit": "10001"}, 400, "limit is from 1"),
+    ("/v1/query", {"name": "q", "limit": "-1"}, 400, "limit is from 1"),
+    ("/v1/query", {"name": "q", "limit": "1e3"}, 400, "limit is from 1"),
+    ("/v1/query", {"name": "q", "backend": "csprov"}, 400, "unknown parameter"),
+    ("/v1/batch", {"query": "q"}, 400, "give batch"),
+    ("/v1/batch", {"batch": "0"}, 400, "give query"),
+    ("/v1/batch", {"query": "q", "batch": "-1"}, 400, "non-negative 64-bit"),
+    ("/v1/batch", {"query": "q", "batch": str(2 ** 63)}, 400, "non-negative 64-bit"),
+    ("/v1/batch", {"query": "q", "batch": "0x1"}, 400, "non-negative 64-bit"),
+    ("/v1/batch", {"query": "q", "batch": "1; DROP"}, 400, "non-negative 64-bit"),
+    ("/v1/batch", {"query": "q", "batch": "0"}, 404, "not in the batch log"),
+    ("/v1/batch", {"query": "q", "batch": "0", "limit": "99999"}, 400, "limit is from 1"),
+    ("/v1/where", {}, 400, "give dataset and where"),
+    ("/v1/where", {"dataset": "parquet:/etc", "where": "1 = 1"}, 400, "not the sink of a traced query"),
+    ("/v1/where", {"dataset": "parquet:/etc", "where": "x = 1", "limit": "1001"}, 400, "limit is from 1"),
+    ("/v1/where", {"dataset": "../../etc/passwd", "where": "a = 1"}, 400, "give a sink as lineage names it"),
+    ("/v1/where", {"dataset": "table:x; DROP TABLE y", "where": "a = 1"}, 400, "a table is named"),
+    ("/v1/where", {"dataset": "parquet:/x\x00", "where": "a = 1"}, 400, "dataset is a sink"),
+    ("/v1/where", {"dataset": "parquet:/x", "where": "reflect('java.lang.Runtime', 'exec', 'id')"}, 400,
+     "may not call"),
+    ("/v1/where", {"dataset": "parquet:/x", "where": "a IN (SELECT b FROM t)"}, 400, ""),
+    ("/v1/where", {"dataset": "parquet:/x", "where": "a = 1; DROP TABLE t"}, 400, ""),
+    ("/v1/where", {"dataset": "parquet:/x", "where": "a ="}, 400, "position"),
+    ("/v1/where", {"dataset": "parquet:/x", "where": "x" * 5000}, 400, ""),
+]
+
+
+def test_explorer_routes_refuse_hostile_input(store, server):
+    for path, params, expected, says in EXPLORER_HOSTILE:
+        status, body, headers = get(server, path, params)
+        assert (status, says in body.get("error", "")) == (expected, True), (path, params, status, body)
+        assert set(body) == {"error"} and "Traceback" not in body["error"], (path, params)
+        assert "X-Injected" not in headers
+    status, body, _ = get(server, "/v1/queries")
+    assert (status, body) == (200, {"queries": [], "budget": store.config.overhead_budget})
+    # the server still answers, and right
+    start = store.by_kind["alerts"][0]
+    assert get(server, "/v1/lineage/backward", {"rid": start})[0] == 200

@@ -19,7 +19,7 @@ def cli(home, *args):
 
 def test_status_reports_each_part_healthy(stack):
     statuses = {s.name: s for s in stack.status()}
-    assert set(statuses) == {"broker", "graph"}
+    assert set(statuses) == {"broker", "graph", "query"}
     assert all(s.running and s.healthy for s in statuses.values())
 
 
@@ -30,10 +30,10 @@ def test_second_up_is_harmless_and_keeps_the_same_processes(stack):
 
 
 def test_up_down_stops_exactly_what_it_started(tmp_path):
-    ports = {"broker": free_port(), "bolt": free_port(), "graph_http": free_port()}
+    ports = {"broker": free_port(), "bolt": free_port(), "graph_http": free_port(), "query": free_port()}
     home = tmp_path / "own"
-    result = cli(home, "stack", "up", "--broker-port", str(ports["broker"]),
-                 "--bolt-port", str(ports["bolt"]), "--http-port", str(ports["graph_http"]))
+    result = cli(home, "stack", "up", "--broker-port", str(ports["broker"]), "--bolt-port", str(ports["bolt"]),
+                 "--http-port", str(ports["graph_http"]), "--query-port", str(ports["query"]))
     assert result.returncode == 0, result.stderr
     parts = [json.loads(line) for line in result.stdout.splitlines()]
     pids = [p["pid"] for p in parts]
@@ -42,7 +42,7 @@ def test_up_down_stops_exactly_what_it_started(tmp_path):
 
     down = cli(home, "stack", "down")
     assert down.returncode == 0
-    assert json.loads(down.stdout)["stopped"] == ["broker", "graph"]
+    assert json.loads(down.stdout)["stopped"] == ["query", "graph", "broker"]
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes()
     status = cli(home, "stack", "status")
@@ -59,6 +59,25 @@ def test_taken_port_gives_a_clear_error(tmp_path):
         with pytest.raises(StackError, match=f"port {port} on 127.0.0.1 is taken"):
             local.up()
     local.down()
+
+
+def test_a_taken_query_port_leaves_the_stores_up_and_questions_in_process(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        said = []
+        local = Stack(tmp_path, ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port(),
+                                       "query": port}, say=said.append)
+        try:
+            statuses = {s.name: s for s in local.up()}
+            assert statuses["broker"].healthy and statuses["graph"].healthy and not statuses["query"].running
+            assert any(f"port {port} on 127.0.0.1 is taken" in line and "in-process" in line for line in said)
+            asked = cli(tmp_path, "lineage", "backward", "--rid", "1")
+            assert asked.returncode == 2 and asked.stdout == ""
+            assert "is not in the lineage" in json.loads(asked.stderr)["error"]  # no service: the stores, asked in-process
+        finally:
+            local.down()
 
 
 def test_without_the_local_extra_stack_up_says_to_install_it(tmp_path, monkeypatch):

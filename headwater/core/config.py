@@ -128,4 +128,11 @@ def load(home: Path | None = None, **overrides) -> Config:
     # Merged before the one check of the whole (``__post_init__``): a SASL protocol from the environment
     # may get its user name from an override.
     values = {**_from_stack(home), **_from_env(), **{k: v for k, v in overrides.items() if v is not None}}
-    return Config.from_dict(values)
+    return at_home(Config.from_dict(values), home)
+
+
+def at_home(config: Config, home: Path) -> Config:
+    """``config`` with its home-relative folders (the store, the spill) in ``home`` where no setting names them,
+    so that ``--home`` moves everything, not only the stack's state."""
+    return config.with_overrides(store_dir=config.store_dir or str(home / "store"),
+                                 spill_dir=config.spill_dir or str(home / "spill"))
