@@ -8,8 +8,11 @@ above an aggregation, its group's state key (``state``: the rid is the state nod
 tied to the run, ``rid.state_node_rids``), or, above an aggregation that keeps rid lists,
 a list of such structs: every row of the group.
 
-A black box's column holds a placeholder struct; its rows' true rid is the black box's
-state node, which only the per-batch hook knows (``SourceEdges.rid``).
+A black box's column holds a placeholder struct whose ``rid`` is the digest of the black
+box's output row. That row is a node of its own (``rid.box_output_rids``: the digest tied
+to the black box's node of the batch), between the black box's state node (``SourceEdges.rid``)
+and the row above: ``state node -> output row`` is a superset edge, ``output row -> row`` an
+exact one. The query tier narrows the first by re-running the black box (``query/narrow``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class SourceEdges:
     rid: int | None = None  # the state node's rid, for a black box
     exact: bool = True
     node: int | None = None  # a black box whose state node is one per batch: ``rid`` is set for each batch
+    box: int | None = None  # a black box's node id: its column holds its output rows' digests
 
     def in_batch(self, query: str, batch: int) -> "SourceEdges":
         """As a batch's lineage reads it: a black box's state node of that batch named."""
@@ -97,6 +101,33 @@ def state_rids(keys: pa.Array, run: int | None) -> pa.Array:
     return pa.array(rids.state_node_rids(keys.to_numpy(zero_copy_only=False), run), pa.int64())
 
 
+def _edges(src: pa.Array, dst: pa.Array, ctx: BatchContext, op: int, exact: bool, mask: int) -> pa.Table:
+    k = len(src)
+    return pa.table([src, dst, _const(ctx.query, k, pa.string()), _const(ctx.batch, k, pa.int64()),
+                     _const(op, k, pa.int32()), _const(exact, k, pa.bool_()), _const(mask, k, pa.int64())],
+                    schema=EDGE_SCHEMA)
+
+
+def _box_outputs(digests: pa.Array, dst: pa.Array, src: SourceEdges, ctx: BatchContext) -> tuple[pa.Table, pa.Table]:
+    """The black box's output rows of the batch (named by ``digests``) between its state node and ``dst``:
+    their nodes and the black box's own node, superset edges from that node to them, exact edges from
+    them to ``dst``."""
+    outs = rids.box_output_rids(digests.to_numpy(zero_copy_only=False), ctx.query, src.box, ctx.batch)
+    unique = np.unique(outs)
+    box = np.full(len(unique), src.rid, dtype=np.int64)
+    k = len(unique)
+    nodes = pa.concat_tables([
+        _node_table(pa.array(unique, pa.int64()), "state", _const(src.dataset, k, pa.string()), {}, ctx.query,
+                    ctx.batch),
+        _node_table(pa.array(box[:1], pa.int64()), "state", _const(src.dataset, min(k, 1), pa.string()), {}),
+    ])
+    edges = pa.concat_tables([
+        _edges(pa.array(box, pa.int64()), pa.array(unique, pa.int64()), ctx, src.box, False, src.mask),
+        _edges(pa.array(outs, pa.int64()), dst, ctx, ctx.op, ctx.exact, src.mask),
+    ])
+    return nodes, edges
+
+
 def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, pa.Table]:
     out = batch.column("_hw_rid")
     n = len(out)
@@ -114,6 +145,11 @@ def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, 
         rows = pc.filter(struct, present)
         dst = pc.filter(dst, present)
         k = len(rows)
+        if src.box is not None:
+            box_nodes, box_edges = _box_outputs(pc.struct_field(rows, "rid"), dst, src, ctx)
+            node_parts.append(box_nodes)
+            edge_parts.append(box_edges)
+            continue
         if src.rid is not None:
             rid = _const(src.rid, k, pa.int64())
         elif src.source == "state":

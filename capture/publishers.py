@@ -17,13 +17,15 @@ FOREACH_BATCH_COLUMN = f"{SOURCE_PREFIX}out"  # the sink's rows, as they go into
 def source_edges(query: str, source: TracedSource, column: str, mask: int) -> SourceEdges:
     """How the rows of ``source``, in the journaled field ``column``, link to the rows of a batch.
 
-    A black box's rows are its state node: one for all batches if it keeps state, else one per batch
-    (``SourceEdges.node``, named for each batch's lineage); its edges are never exact.
+    A black box's rows are its output rows (``SourceEdges.box``: the column holds their digests),
+    under its state node: one for all batches if it keeps state, else one per batch (``SourceEdges.node``,
+    named for each batch's lineage); the state node's edges to them are never exact.
     """
     blackbox = source.source == "blackbox"
     return SourceEdges(column, source.source, source.dataset, mask,
                        rid=rids.state_rid(query, source.node_id, None) if blackbox and source.stateful else None,
-                       exact=not blackbox, node=source.node_id if blackbox and not source.stateful else None)
+                       exact=not blackbox, node=source.node_id if blackbox and not source.stateful else None,
+                       box=source.node_id if blackbox else None)
 
 
 def edges_of(query: str, sources, masks: dict[int, int], mask: int | None = None) -> tuple[SourceEdges, ...]:

@@ -14,7 +14,9 @@ placeholder column instead, and the rows going into it reach the sink by a secon
 branch: the root becomes ``Union(user rows, black box input rows)``, the latter marked
 by ``_hw_bb`` (the black box's node id) and null in every user column. The per-batch
 hook splits them again and links inputs and outputs through the black box's state node
-with superset edges.
+with superset edges. The placeholder holds the black box's output row's digest (a hash of
+its columns), which names that row in the graph, so that the query tier can narrow the
+superset by re-running the user's function (``headwater.query.narrow``).
 
 A stateful aggregate gets state nodes (DESIGN §2): one per group and input column, named
 by its state key ``xxhash64(STATE, query, op, input, key values…)``. Above the aggregate,
@@ -40,7 +42,7 @@ from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 from headwater.core import rid as rids
 from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode, column_masks, state_dataset
 
-from .spark_plan import Jvm, analyzed, plan_ir
+from .spark_plan import Jvm, analyzed, digested, plan_ir, python_function
 
 SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
@@ -311,6 +313,14 @@ class BlackBox:
     dataset: str  # its state node's dataset: "<Spark class>#<node id>"
     inputs: tuple[str, ...]  # rid columns of the rows going into it
     stateful: bool
+    spark_class: str = ""
+    digest: tuple[int, ...] = ()  # positions of the output columns its output rows' digest hashes
+    function: dict | None = None  # ``spark_plan.python_function``: what re-running it needs; None: no Python
+
+    def to_dict(self) -> dict:
+        """As the plan record logs it (the function's bytes as base64: ``headwater.core.signing``)."""
+        return {"node_id": self.node_id, "dataset": self.dataset, "spark_class": self.spark_class,
+                "stateful": self.stateful, "inputs": list(self.inputs), "digest": list(self.digest)}
 
 
 @dataclass(frozen=True)
@@ -325,13 +335,23 @@ class Threaded:
     read: list[TracedSource]  # every source the plan reads (black boxes included), wherever its rows go
 
 
+def digest_positions(node: PlanNode) -> tuple[int, ...]:
+    """The black box's output columns its output rows' digest hashes: those whose hash ``rid`` reproduces."""
+    return tuple(i for i, a in enumerate(node.output) if digested(a.dtype))
+
+
 def black_box_source(jvm: Jvm, node: PlanNode, new_plan) -> tuple:
-    """``new_plan`` plus the black box's placeholder struct column, and its TracedSource."""
+    """``new_plan`` plus the black box's placeholder struct column, and its TracedSource.
+
+    The placeholder's ``rid`` is the digest of the black box's output row,
+    ``xxhash64('bbout', dataset, c…)`` over ``digest_positions`` (``rid.box_output_digests``)."""
     name = f"{SOURCE_PREFIX}{node.id}"
-    helper = jvm.dataframe(new_plan).select("*", F.struct(F.lit(0).cast("long").alias("rid")).alias(name))
-    plan = analyzed(helper)
     stateful = node.spark_class in STATEFUL_BLACK_BOXES
     dataset = state_dataset(node.spark_class, node.id)
+    frame = jvm.dataframe(new_plan)
+    columns = [frame[i] for i in range(len(frame.columns))]
+    digest = F.xxhash64(F.lit(rids.BOX_OUTPUT), F.lit(dataset), *[columns[i] for i in digest_positions(node)])
+    plan = analyzed(frame.select("*", F.struct(digest.alias("rid")).alias(name)))
     return plan, Jvm.items(plan.output())[-1], TracedSource(node.id, name, "blackbox", dataset, (), None, stateful)
 
 
@@ -402,7 +422,8 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
             plan, attr, spec = black_box_source(jvm, node, jvm.with_children(original, children))
             traced[spec.column] = spec
             inputs = tuple(a.name() for _, attrs in rewritten for a in attrs)
-            boxes.append(BlackBox(node.id, spec.column, spec.dataset, inputs, spec.stateful))
+            boxes.append(BlackBox(node.id, spec.column, spec.dataset, inputs, spec.stateful, node.spark_class,
+                                  digest_positions(node), python_function(df.sparkSession, original)))
             return plan, [attr]
         if node.kind not in _TRACED:
             raise UnsupportedPlanError(node, f"{node.kind} operators are not traced yet")

@@ -209,3 +209,65 @@ def optimized_records(df: DataFrame) -> list[dict]:
                 conf.unset(key)
             else:
                 conf.set(key, value)
+
+
+# Flat Spark types whose hash ``headwater.core.rid`` reproduces: a black box's output row is named by the
+# hash of these of its columns (``rewrite.black_box_source``), which the query tier recomputes when it
+# re-runs the black box's function (``headwater.query.narrow``).
+_DIGESTED = ("boolean", "tinyint", "smallint", "int", "bigint", "date", "timestamp", "timestamp_ntz", "float",
+             "double", "string", "binary")
+
+
+def digested(dtype: str) -> bool:
+    """Whether a column of Spark type ``dtype`` (``simpleString``) goes into a black box output row's digest."""
+    return dtype in _DIGESTED or (dtype.startswith("decimal(") and dtype.endswith(")"))
+
+
+def python_function(spark: SparkSession, node) -> dict | None:
+    """What re-running a black box's user function needs, read off its plan node, or None for a node
+    that runs no Python function (a limit named a black box, Scala's mapPartitions…).
+
+    ``command`` is the function as PySpark pickled it into the plan (cloudpickle of ``(function,
+    return type)``); ``eval_type`` PySpark's ``PythonEvalType``; ``grouping`` the positions in the
+    child's output of the key's columns (``applyInPandas``, ``applyInPandasWithState``), ``data`` those of
+    the columns the function gets; ``input`` the child's schema, ``output`` the node's, ``state`` the
+    state's schema of a stateful one, with its ``output_mode`` and ``timeout``; ``timezone`` the session's.
+    """
+    try:
+        expression = node.functionExpr()
+    except Exception:
+        return None
+    if expression.getClass().getSimpleName() != "PythonUDF":
+        return None
+    command = expression.func().command()
+    data = bytes(command.toArray(spark._jvm.scala.reflect.ClassTag.Byte()))
+    child = [a.exprId().id() for a in Jvm.items(node.child().output())]
+    grouping = [child.index(a.exprId().id()) for a in Jvm.items(node.groupingAttributes())] \
+        if _has(node, "groupingAttributes") else []
+    # applyInPandas's child puts the grouping columns first and hands the function the rest; the stateful
+    # one hands it every column of its child, the key being some of them.
+    columns = list(range(len(grouping), len(child))) if grouping and not _has(node, "stateType") \
+        else list(range(len(child)))
+    found = {
+        "eval_type": int(expression.evalType()),
+        "command": data,
+        "grouping": grouping,  # positions in the child's output of the key's columns
+        "data": columns,  # positions in the child's output of the columns the function gets
+        "input": json.loads(node.child().schema().json()),
+        "output": json.loads(node.schema().json()),
+        "state": None, "output_mode": None, "timeout": None,
+        "timezone": spark.conf.get("spark.sql.session.timeZone"),  # how the worker converts timestamps
+    }
+    if _has(node, "stateType"):
+        found["state"] = json.loads(node.stateType().json())
+        found["output_mode"] = str(node.outputMode())
+        found["timeout"] = str(node.timeout())
+    return found
+
+
+def _has(node, method: str) -> bool:
+    try:
+        getattr(node, method)()
+        return True
+    except Exception:
+        return False

@@ -15,6 +15,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import LongType, StructField, StructType
 from pyspark.sql.utils import to_str
 
+from headwater.core import signing
 from headwater.core.plan import column_lineage
 from headwater.core.schema import LOG_PLAN
 
@@ -144,6 +145,7 @@ class TracedWriter:
             writer = writer.option("checkpointLocation", self._checkpoint)
         ir = traced.threaded.ir
         reads = column_lineage(ir)
+        key = signing.key_of(traced.tracer.config)
         folder = checkpoint.local_folder(self._checkpoint)
         previous, from_batch = checkpoint.record_plan(folder, traced.fingerprint) if folder else (None, 0)
         traced.tracer.publish_log(
@@ -153,6 +155,8 @@ class TracedWriter:
             sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)} for s in traced.threaded.read],
             state=[op.to_dict() for op in traced.threaded.state_ops],
             output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
+            black_boxes=[{**box.to_dict(), **signing.signed(traced.name, box.node_id, box.function, key)}
+                         for box in traced.threaded.black_boxes],
         )
         query = traced.tracer.start_query(writer, traced.name)
         hook.sink.started(query_name)

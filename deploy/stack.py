@@ -35,6 +35,8 @@ from headwater.core.config import STACK_FILE, Config, at_home, load
 HOST = "127.0.0.1"
 DEFAULT_PORTS = {"broker": 9092, "bolt": 7687, "graph_http": 2480, "query": 8080}
 TOKEN_FILE = "http-token"  # in the home: the query part's bearer token, generated once
+# In the home: the key capture signs black boxes' functions with and the query tier checks (``core/signing.py``)
+NARROWING_KEY_FILE = "narrowing-key"
 
 
 class StackError(RuntimeError):
@@ -144,9 +146,10 @@ def query_command(home: Path, port: int) -> list[str]:
             "--port", str(port), "--token-file", str(home / TOKEN_FILE)]
 
 
-def token(home: Path) -> str:
-    """The query part's token, generated on first use and kept (owner-only) across ups."""
-    path = Path(home) / TOKEN_FILE
+def token(home: Path, name: str = TOKEN_FILE) -> str:
+    """The query part's token (or another secret of the home: ``name``), generated on first use and kept
+    (owner-only) across ups."""
+    path = Path(home) / name
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -230,6 +233,7 @@ class Stack:
             ports["query"] = free_port()
         password = state.get("graph_password") or secrets.token_urlsafe(18)
         token(self.home)
+        token(self.home, NARROWING_KEY_FILE)
 
         self._start(parts, "broker", lambda: broker_command(ports["broker"]), [ports["broker"]])
         self._start(parts, "graph",
@@ -239,6 +243,7 @@ class Stack:
             bootstrap=f"{HOST}:{ports['broker']}",
             graph_uri=f"bolt://{HOST}:{ports['bolt']}",
             graph_password=password,
+            narrowing_key_file=str(self.home / NARROWING_KEY_FILE),
         )
         state = {"parts": parts, "ports": ports, "graph_password": password, "config": config.to_dict()}
         self._save(state)

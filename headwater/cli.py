@@ -232,6 +232,24 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None) -> N
     _emit({k: v for k, v in manifest.items() if k != "covers"})
 
 
+@main.command("narrow")
+@click.option("--query", "query", required=True, help="The traced query's name.")
+@click.option("--op", type=int, required=True, help="The black box's plan node id (an answer's ops, or its operators).")
+@click.option("--batch", "batches", type=int, multiple=True, required=True, help="A batch to narrow (repeatable).")
+@click.pass_context
+def narrow(ctx: click.Context, query: str, op: int, batches: tuple[int, ...]) -> None:
+    """Narrow a black box's batches now by re-running its function (query/README.md), one line each."""
+    from headwater.query.api import LineageClient
+    from headwater.query.backend import LineageError
+
+    with LineageClient(_config(ctx)) as client:
+        for batch in batches:
+            try:
+                _emit(client.narrow(query, op, batch))
+            except LineageError as exc:
+                _fail(str(exc), query=query, op=op, batch=batch)
+
+
 @main.group()
 def lineage() -> None:
     """Lineage queries, answered as JSON lines (or a table: --format table)."""
@@ -516,6 +534,10 @@ def _in_words(summary: dict) -> str:
         said.append(f"{len(unexplained)} row{'s' if len(unexplained) != 1 else ''} reached "
                     f"{'have' if len(unexplained) != 1 else 'has'} no recorded inputs (its batch was not captured, "
                     f"or is not indexed yet): {rows}.")
+    for n in summary.get("narrowed") or []:
+        how = f"narrowed by re-running it ({n.get('kind')}{', exact' if n.get('exact') else ''})" \
+            if n.get("kind") != "superset" else f"not narrowed: {n.get('reason')}"
+        said.append(f"Black box {n.get('op')} of {n.get('query')}, batch {n.get('batch')}: {how}.")
     read_by = summary.get("read_by") or []
     if read_by:
         said.append(f"Read by {len(read_by)} fully captured batch{'es' if len(read_by) != 1 else ''} that derived "

@@ -69,6 +69,13 @@ class PlanStore:
         with open(folder / found[-1][1]) as f:
             return json.load(f)
 
+    def starts(self, query: str) -> list[int]:
+        """The ``from_batch`` of each plan of ``query`` kept, in order."""
+        folder = _folder(self.store_dir, self.log_topic, query)
+        if not folder.is_dir():
+            return []
+        return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _FILE.match(name)))
+
     def queries(self) -> list[str]:
         """Every query with a plan kept."""
         root = self.store_dir / self.log_topic / "plans"

@@ -38,6 +38,7 @@ from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from headwater.adapters.graph import GraphUnavailable
 from headwater.core import config as configuration
 from headwater.core import rid as rids
+from headwater.core import signing
 from headwater.core.config import Config
 from headwater.core.plan import accumulates, location_key
 
@@ -48,6 +49,7 @@ from .datasets import Tables, names_table, shown
 from .explain import Explainer, rids_path
 from .fallback import Fallback, offset_ranges
 from .forward_fallback import Forward
+from .narrow.narrower import Narrower
 from .parquet import CSProvBackend, RecursiveBackend
 from .payload import SINK_FORMATS, attach_payload, check_broker, sink_files, sink_row, table_location
 from .walk import KINDS, MAX_REACH, is_target
@@ -132,6 +134,7 @@ class LineageClient:
         self._forward: Forward | None = None
         self._tables: tuple[float, Tables] | None = None
         self._explainer: Explainer | None = None
+        self._narrower: Narrower | None = None
         self._broker_answered = float("-inf")  # when the broker last answered (monotonic)
 
     def __enter__(self) -> "LineageClient":
@@ -147,8 +150,28 @@ class LineageClient:
     def _backend(self, name: str) -> WalkingBackend:
         with self._making:
             if name not in self._backends:  # made when first needed: a Parquet view reads the recent ranges
-                self._backends[name] = BACKENDS[name](self.config)
+                backend = BACKENDS[name](self.config)
+                backend.narrower = self.narrower()
+                self._backends[name] = backend
             return self._backends[name]
+
+    def narrower(self) -> Narrower | None:
+        """The narrowing of black boxes by re-execution (``narrow/``), shared by every backend; None without a
+        narrowing key (answers through black boxes stay supersets)."""
+        if self._narrower is None and signing.key_of(self.config) is not None:
+            self._narrower = Narrower(self.config)
+        return self._narrower
+
+    def narrow(self, query: str, op: int, batch: int) -> dict:
+        """Narrow batch ``batch`` of black box ``op`` of ``query`` now (again, if it was), and say how it went."""
+        narrower = self.narrower()
+        if narrower is None:
+            raise LineageError("no narrowing key is set (narrowing_key or narrowing_key_file, the same as capture's)")
+        box = narrower.boxes(query).get(op)
+        if box is None:
+            raise LineageError(f"query {query!r} has no black box {op} in its kept plan")
+        backend = self._backend(self.names[0])
+        return narrower.narrow(box, batch, backend).summary()
 
     def _holding(self, rid: int) -> WalkingBackend:
         """The first backend (of ``names``) whose store holds ``rid``."""
@@ -342,6 +365,8 @@ class LineageClient:
                 if inferred is None:
                     raise UnknownRow(self._never_read(row, rid, unknown)) from None
                 return inferred, self._inferred_row(rid, inferred, backward, deadline)
+        if backend.narrower is not None:
+            backend.narrower.take_seen()  # what an earlier question left, had it failed half-way
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
                                        deadline, window.outside(backend))
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
@@ -462,7 +487,8 @@ class LineageClient:
                         unexplained[row] = {"rid": row, "kind": record.get("kind"), "dataset": record.get("dataset")}
         if payload:
             found = self.with_payload(found, backend)
-        return Answer(rid, found, gaps, [unexplained[r] for r in sorted(unexplained)])
+        narrowed = backend.narrower.take_seen() if backend.narrower is not None else []
+        return Answer(rid, found, gaps, [unexplained[r] for r in sorted(unexplained)], narrowed=narrowed)
 
 
 FOREVER = (1 << 63) - 1  # the last batch of a range that has no end

@@ -108,6 +108,9 @@ class Answer:
     # Forward from a source row no store holds: the fully captured batches that read it and derived
     # nothing from it (dropped by a filter, a join, a watermark…): an empty answer, and complete.
     read_by: list[Gap] = field(default_factory=list)
+    # Black boxes' batches the walk crossed and how re-running them narrowed each (``Narrowing.summary``):
+    # ``kind`` dispatcher, grouped, per key, or superset with its ``reason``.
+    narrowed: list[dict] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -126,7 +129,7 @@ class Answer:
         """Everything but the records."""
         return {"of": self.of, "records": len(self.records), "complete": self.complete,
                 "gaps": [asdict(g) for g in self.gaps], "unexplained": self.unexplained,
-                "read_by": [asdict(b) for b in self.read_by]}
+                "read_by": [asdict(b) for b in self.read_by], **({"narrowed": self.narrowed} if self.narrowed else {})}
 
 
 def ordered(found) -> list[Lineage]:
@@ -164,7 +167,7 @@ def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: i
             continue
         item = Lineage(
             of=rid, rid=row, **{k: record.get(k) for k in ROW_FIELDS[1:]}, ops=sorted(reach.ops), cols=reach.cols,
-            batches=sorted(reach.batches), exact=reach.exact, via="edges",
+            batches=sorted(reach.batches), exact=reach.exact, via="reexecution" if reach.reexecuted else "edges",
             paths=[[list(hop) for hop in p] for p in sorted(reach.paths)] if paths else None,
             paths_cut=reach.paths_cut if paths else None)
         item.hops = reach.hops
@@ -184,6 +187,7 @@ class WalkingBackend:
     """A backend answers by ``walk.walk`` over its store's edges; subclasses say how to reach them."""
 
     store = "store"  # what the errors call it
+    narrower = None  # ``narrow.narrower.Narrower``: black boxes' narrowed batches put in every walk, where set
 
     def _question(self, backward: bool) -> Question:
         return Question(self._step(backward), self._records)
@@ -232,7 +236,8 @@ class WalkingBackend:
 
         check_depth(depth)
         question = self._question(backward)
-        found = walk(starts, depth, backward, question.step, cols if backward else None, paths,
+        step = question.step if self.narrower is None else self.narrower.overlay(question.step, backward, self)
+        found = walk(starts, depth, backward, step, cols if backward else None, paths,
                      max_reach or MAX_REACH, deadline, outside)
         return found, question.records(sorted(set(found.found) | found.ends | set(starts)))
 

@@ -31,6 +31,9 @@ outputs emitted from batch 3 on. A row reached at several moments is walked once
 moment, so every aggregate below stays per path. ``Walk.moments`` keeps the moments each
 row was walked from, for the answer's gaps (``api``).
 
+An edge may carry ``via`` (the narrowing overlay's edges, ``narrow/narrower.py``): a row reached by a
+path crossing one is ``reexecuted``, which its record says (``via: reexecution``).
+
 Attribute level: ``cols`` (a mask of the asked row's columns) keeps, backward, only the
 paths whose most downstream edge feeds one of those columns. Forward, the same
 question is a filter on each answer row's ``cols`` (``Walk.found``'s masks already are
@@ -63,10 +66,12 @@ class Reach:
     paths: set[tuple] = field(default_factory=set)  # only with how-provenance asked for
     paths_cut: bool = False  # more paths than kept
     hops: set[tuple[str, int]] = field(default_factory=set)  # (query, op) of every edge on them: ops by query
+    reexecuted: bool = False  # some path crosses a black box by edges its re-execution narrowed (``query/narrow``)
 
     def merge(self, other: "Reach", keep: int) -> None:
         self.cols |= other.cols
         self.exact = self.exact and other.exact
+        self.reexecuted = self.reexecuted or other.reexecuted
         self.ops |= other.ops
         self.batches |= other.batches
         self.hops |= other.hops
@@ -76,7 +81,7 @@ class Reach:
 
     def copy(self) -> "Reach":
         return Reach(self.cols, self.exact, set(self.ops), set(self.batches), set(self.paths), self.paths_cut,
-                     set(self.hops))
+                     set(self.hops), self.reexecuted)
 
 
 def _first(paths: set[tuple], keep: int) -> tuple[set[tuple], bool]:
@@ -136,8 +141,9 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
         nxt: dict[tuple, Reach] = {}  # by (row, moment)
         touched: set[int] = set()  # frontier rows with edges onward (whether or not the columns keep them)
         columns = [edges[c].to_pylist() for c in (near, far, "query", "op", "batch", "exact", "cols")]
+        columns.append(edges["via"].to_pylist() if "via" in edges.column_names else [None] * edges.num_rows)
         skipped = outside(set(zip(columns[2], columns[4]))) if outside is not None and edges.num_rows else set()
-        for at, to, query, op, batch, exact, mask in zip(*columns):
+        for at, to, query, op, batch, exact, mask, via in zip(*columns):
             reached = level.get(at)
             if reached is None:
                 continue  # an edge of the same set, not of the frontier
@@ -152,9 +158,10 @@ def walk(starts: list[int], depth: int, backward: bool, step: Step, cols: int | 
                 crossed.add((query, batch))
                 # The most downstream edge's mask: backward, the first edge walked; forward, the last.
                 reach = Reach(mask if before is None or not backward else before.cols, exact, {op}, {batch},
-                              hops={(query, op)})
+                              hops={(query, op)}, reexecuted=via is not None)
                 if before is not None:
                     reach.exact = reach.exact and before.exact
+                    reach.reexecuted = reach.reexecuted or before.reexecuted
                     reach.ops |= before.ops
                     reach.batches |= before.batches
                     reach.hops |= before.hops

@@ -189,6 +189,16 @@ def tools():
 
 
 @pytest.fixture(scope="session")
+def demo_run(stack):
+    """The demo (300 orders) run into the session's stack once (``bench.cli_latency.demo_stack``), shared by
+    the CLI's tests in-process and through the stack's query service."""
+    from bench.cli_latency import demo_stack
+
+    with demo_stack(stack.home, orders=300) as run:
+        yield run
+
+
+@pytest.fixture(scope="session")
 def demo_home(tmp_path_factory):
     """``(home, output)``: a stack of its own on free ports with ``headwater demo`` run on it once, as a user
     runs it (its stdout kept), shared by the explorer's and the HTTP load tests; stopped at the session's end."""

@@ -7,7 +7,7 @@
   selects, on a Parquet sink written here (and its ORC and JSON copies), whose
   ``_spark_metadata`` log leaves out a file, as Spark does; predicates it cannot evaluate
   exactly go to Spark and still agree.
-- On the demo run into the session's stack (``bench.cli_latency.demo_stack``): ``--where``
+- On the demo run into the session's stack (``conftest.demo_run``): ``--where``
   over the real traced sink, ``--format table``, no Spark log lines on stderr, and the wall
   time of whole ``headwater`` processes against the bars (0.3 s a question, 1 s ``--where``).
 """
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from bench.cli_latency import BARS, demo_stack, wall_times
+from bench.cli_latency import BARS, wall_times
 from headwater.cli import main as cli
 from headwater.query import where as selection
 
@@ -303,9 +303,8 @@ def test_where_is_refused_before_spark(tmp_path, sink, no_jvm):
 # --- the demo, on the session's stack -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def demo(stack):
-    with demo_stack(stack.home, orders=300) as run:
-        yield run
+def demo(demo_run):
+    return demo_run
 
 
 def headwater(demo, *args: str) -> subprocess.CompletedProcess:

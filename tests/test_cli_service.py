@@ -1,6 +1,6 @@
 """The CLI asks the local stack's query part (``headwater serve``, started by ``stack up``) over HTTP.
 
-On the demo run into the session's stack (``bench.cli_latency.demo_stack``), the oracle of
+On the demo run into the session's stack (``conftest.demo_run``), the oracle of
 every answer is the same question asked ``--in-process``: stdout, stderr and exit status are
 equal, answers and errors alike, and the query part's request log shows it answered. A
 query part that is gone, or whose port refuses, is not waited for: the question is answered
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from bench.cli_latency import demo_stack, wall_times
+from bench.cli_latency import wall_times
 from headwater.deploy.stack import TOKEN_FILE, _alive
 
 pytestmark = pytest.mark.stack
@@ -28,10 +28,9 @@ HEAVY = ("neo4j", "pyarrow", "numpy", "pandas", "kafka", "headwater.query.api")
 
 
 @pytest.fixture(scope="module")
-def demo(stack):
+def demo(stack, demo_run):
     assert {s.name: s.healthy for s in stack.status()}["query"], "the session's stack runs no query part"
-    with demo_stack(stack.home, orders=300) as run:
-        yield run
+    return demo_run
 
 
 def headwater(demo, *args: str) -> subprocess.CompletedProcess:

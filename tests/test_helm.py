@@ -428,3 +428,22 @@ def test_extra_settings_reach_the_configmap(helm):
     docs = render(helm, *sets({"extraEnv.HEADWATER_SPILL_MAX_BYTES": "2147483648"}))
     config = one(docs, "ConfigMap", "hw-headwater")["data"]
     assert config["HEADWATER_SPILL_MAX_BYTES"] == "2147483648" and config["HEADWATER_TOPIC_PARTITIONS"] == "2"
+
+
+@pytest.mark.parametrize("values, secret, key", [
+    (["-f", str(PRODUCTION)], "headwater-narrowing", "key"),
+    (["--set", "query.narrowing.key=shared-with-the-spark-jobs"], "hw-headwater", "narrowing-key"),
+    ([], None, None),
+])
+def test_the_narrowing_key_reaches_the_query_service_from_a_secret(helm, values, secret, key):
+    """The key black boxes' functions are signed with: from the platform's Secret, the chart's, or none."""
+    docs = render(helm, *values)
+    query = one(docs, "Deployment")
+    env = {e["name"]: e for e in query["spec"]["template"]["spec"]["containers"][0]["env"]}
+    if secret is None:
+        assert "HEADWATER_NARROWING_KEY" not in env
+        return
+    assert env["HEADWATER_NARROWING_KEY"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": key}
+    if secret == "hw-headwater":
+        data = one(docs, "Secret")["data"]
+        assert base64.b64decode(data["narrowing-key"]).decode() == "shared-with-the-spark-jobs"

@@ -161,3 +161,32 @@ def test_state_node_rids_vectorised_equal_the_scalar_twin_and_spark(spark):
     assert vectorised == [rid.state_node_rid(int(k), run) for k in keys]
     df = spark.createDataFrame([(int(k),) for k in keys], "k long")
     assert [r[0] for r in df.select(F.xxhash64("k", F.lit(run))).collect()] == vectorised
+
+
+def test_black_box_output_digests_vectorised_equal_the_twin():
+    """``box_output_digests_arrow`` (numpy, for the narrowing worker) names every row as the value-by-value twin."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(7)
+    n = 200
+    nulls = rng.random(n) < 0.2
+    doubles = rng.normal(size=n) * 1e6
+    doubles[:4] = [0.0, -0.0, np.nan, np.inf]
+    columns = {
+        "long": pa.array(rng.integers(-2**62, 2**62, n), pa.int64(), mask=nulls),
+        "integer": pa.array(rng.integers(-2**31, 2**31 - 1, n), pa.int32(), mask=nulls),
+        "short": pa.array(rng.integers(-2**15, 2**15 - 1, n), pa.int16(), mask=nulls),
+        "double": pa.array(doubles, pa.float64(), mask=nulls),
+        "float": pa.array(doubles.astype(np.float32), pa.float32(), mask=nulls),
+        "boolean": pa.array(rng.random(n) < 0.5, mask=nulls),
+        "string": pa.array([None if m else f"s{v}é" for m, v in zip(nulls, rng.integers(0, 99, n))]),
+        "date": pa.array([None if m else datetime.date(1950, 1, 1) + datetime.timedelta(days=int(d))
+                          for m, d in zip(nulls, rng.integers(0, 40000, n))]),
+        "timestamp": pa.array(rng.integers(-2**50, 2**50, n), pa.int64(), mask=nulls).cast(pa.timestamp("us", "UTC")),
+        "decimal(12,3)": pa.array([None if m else decimal.Decimal(int(v)).scaleb(-3)
+                                   for m, v in zip(nulls, rng.integers(-10**9, 10**9, n))], pa.decimal128(12, 3)),
+    }
+    dtypes, arrays = list(columns), list(columns.values())
+    assert rid.box_output_digests_arrow("MapInPandas#4", arrays, dtypes).tolist() == \
+        rid.box_output_digests("MapInPandas#4", [a.to_pylist() for a in arrays], dtypes)

@@ -18,7 +18,7 @@ KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # Never written by ``to_dict``: the stack's state file is written from it, and keeps only the local graph's
 # generated password. No password is shown by ``repr`` either (``field(repr=False)``).
-SECRETS = ("kafka_sasl_password",)
+SECRETS = ("kafka_sasl_password", "narrowing_key")
 
 
 def default_home() -> Path:
@@ -58,6 +58,10 @@ class Config:
     overhead_budget: float = 0.0  # capture time over the batch's own time allowed per query; 0: no limit
     store_dir: str = ""  # the indexer's Parquet edge store, one folder per edges partition; "": <home>/store
     capture: str = "full"  # "log-only": traced queries log their batches (the gap map) but publish no edges
+    # The key capture signs black boxes' functions with and the query tier checks before re-running one
+    # (``core/signing.py``, ``query/narrow``); without one, lineage through black boxes stays a superset.
+    narrowing_key: str = field(default="", repr=False)
+    narrowing_key_file: str = ""
 
     def __post_init__(self):
         if self.capture not in CAPTURE_LEVELS:

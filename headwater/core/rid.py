@@ -26,6 +26,7 @@ FILE = "file"
 RATE = "rate"
 STATE = "state"
 OUTPUT = "out"
+BOX_OUTPUT = "bbout"  # a black box's output row, named by its digest (``box_output_digests``)
 
 SPARK_SEED = 42
 
@@ -389,16 +390,91 @@ def _xxh64_longs(values, seeds):
     import numpy as np
 
     u = np.uint64
-
-    def rotl(x, r):
-        return (x << u(r)) | (x >> u(64 - r))
-
     h = seeds + u(_P5) + u(8)
-    k = rotl(values * u(_P2), 31) * u(_P1)
+    k = _rotl_numpy(values * u(_P2), 31) * u(_P1)
     h = h ^ k
-    h = rotl(h, 27) * u(_P1) + u(_P4)
+    return _avalanche(_rotl_numpy(h, 27) * u(_P1) + u(_P4))
+
+
+def _rotl_numpy(x, r: int):
+    """Rotate numpy uint64s left by ``r`` bits."""
+    import numpy as np
+
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _avalanche(h):
+    """XXH64's final mix of numpy uint64s (wrapping around)."""
+    import numpy as np
+
+    u = np.uint64
     h = h ^ (h >> u(33))
     h = h * u(_P2)
     h = h ^ (h >> u(29))
     h = h * u(_P3)
     return h ^ (h >> u(32))
+
+
+# A black box's output rows are rows of the graph between its state node and the rows above it:
+# each is named by the digest of its columns (computed in the plan, above the black box), tied to the
+# black box's node of its batch, so equal rows of two batches stay apart.
+
+
+def box_output_digests(dataset: str, columns, dtypes) -> list[int]:
+    """The digest capture gives each output row of black box ``dataset`` (``<Spark class>#<node id>``):
+    Spark's ``xxhash64('bbout', dataset, c…)`` over the columns it hashes (``table_row_rid``'s rules)."""
+    return _row_rids(BOX_OUTPUT, dataset, columns, dtypes)
+
+
+def box_output_digests_arrow(dataset: str, arrays, dtypes):
+    """``box_output_digests`` of Arrow arrays (one per hashed column, Spark's Arrow types), vectorised with
+    numpy where a value hashes as 4 or 8 bytes (booleans, integers, dates, timestamps, floats), value by
+    value elsewhere (strings, binary, decimals); an int64 numpy array."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(arrays[0]) if arrays else 0
+    h = np.full(n, spark_xxhash64(BOX_OUTPUT, dataset) & _M, dtype=np.uint64)
+    for array, dtype in zip(arrays, dtypes):
+        dtype = _SIMPLE_NAMES.get(dtype, dtype)
+        array = array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+        valid = pc.is_valid(array).to_numpy(zero_copy_only=False)
+        if dtype in _INTS or dtype in ("boolean", "date"):
+            values = pc.fill_null(array.cast(pa.int32()), 0).to_numpy(zero_copy_only=False).view(np.uint32)
+            hashed = _xxh64_ints(values, h)
+        elif dtype in _LONGS:
+            values = pc.fill_null(array.cast(pa.int64()), 0).to_numpy(zero_copy_only=False).view(np.uint64)
+            hashed = _xxh64_longs(values, h)
+        elif dtype == "double":
+            values = pc.fill_null(array, 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+            bits = np.where(values == 0.0, 0.0, values).view(np.uint64)
+            hashed = _xxh64_longs(np.where(np.isnan(values), np.uint64(0x7FF8000000000000), bits), h)
+        elif dtype == "float":
+            values = pc.fill_null(array, 0.0).to_numpy(zero_copy_only=False).astype(np.float32)
+            bits = np.where(values == 0.0, np.float32(0.0), values).view(np.uint32)
+            hashed = _xxh64_ints(np.where(np.isnan(values), np.uint32(0x7FC00000), bits), h)
+        else:
+            hasher = _hasher(dtype)
+            hashed = h.copy()
+            for i, value in enumerate(array.to_pylist()):
+                if value is not None:
+                    hashed[i] = xxh64(hasher(value), int(h[i]))
+        h = np.where(valid, hashed, h)
+    return h.view(np.int64)
+
+
+def _xxh64_ints(values, seeds):
+    """XXH64 of each 4-byte little-endian value with its seed (numpy uint32 values, uint64 seeds)."""
+    import numpy as np
+
+    u = np.uint64
+    with np.errstate(over="ignore"):
+        h = seeds + u(_P5) + u(4)
+        h = h ^ (values.astype(np.uint64) * u(_P1))
+        return _avalanche(_rotl_numpy(h, 23) * u(_P2) + u(_P3))
+
+
+def box_output_rids(digests, query: str, op: int, batch: int):
+    """The rid of each of a batch's black box output rows, from their digests (a numpy int64 array)."""
+    return state_node_rids(digests, state_rid(query, op, batch))

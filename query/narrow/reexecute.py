@@ -1,0 +1,332 @@
+"""Re-running a black box's function on its batch's input, and on parts of it: which input rows each output row
+comes from, decided by execution (runs in the narrowing worker, ``worker.py``; pure pandas and pyarrow).
+
+The function is called as PySpark's worker calls it (``pyspark.sql.conversion``: the same Arrow-to-pandas
+and pandas-to-Arrow conversions, so its output rows hash as Spark's did), and each output row is named by
+its digest (``rid.box_output_digests``), the name capture gave the output rows of the real run.
+
+Cui and Widom's classes, each verified on this batch, never assumed:
+
+- **dispatcher**: ``f(I) = ⊎ f({i})`` over the input rows (multisets of output rows): an output row derives
+  from each input row whose own run yields it;
+- **grouped**: ``f(I) = ⊎ f(G)`` over the groups of a key (``applyInPandas``'s own key, or, for a map, the
+  first input column that verifies it): an output row derives from the rows of the groups that yield it;
+- **per key** (a stateful function): replayed batch after batch from the query's first, each key's state
+  carried as Spark carries it; an output row derives from its key's rows since that key last had no state;
+- otherwise the **superset** (the whole input), with the reason.
+
+A function whose output on the same input differs between two runs is non-deterministic: superset,
+flagged. ``exact`` holds only where the property was verified on the batch's whole input and every output
+column is in the digest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from headwater.core import rid as rids
+
+MAP_PANDAS, GROUPED_PANDAS, MAP_ARROW, GROUPED_WITH_STATE = 205, 201, 207, 208
+SUPPORTED = (MAP_PANDAS, GROUPED_PANDAS, MAP_ARROW, GROUPED_WITH_STATE)
+MAX_GROUPING_CALLS = 4  # a map tried as grouped by its columns: at most this many calls per input row in all
+PROBE_ROWS = 32  # rows of a map's input run alone and together before every row is run alone
+PARALLEL_CALLS = 2000  # from this many calls on, forked copies of the worker share them
+MAX_FORKS = 4
+
+
+@dataclass
+class Narrowed:
+    """What re-execution decided for one batch: per output digest, the input row positions it derives from."""
+
+    kind: str  # dispatcher | grouped | per key | superset
+    exact: bool
+    reason: str = ""
+    deterministic: bool | None = None
+    # digest -> the input rows it derives from: positions in the batch's input, or (batch, position) pairs
+    # for a stateful black box, whose rows come from earlier batches too
+    lineage: dict[int, list] = field(default_factory=dict)
+    calls: int = 0
+
+    def to_dict(self) -> dict:
+        """As the worker hands it on: each distinct set of input rows once (``sets``), and per output digest
+        the index of its set (``set_of``): a group's rows are written once, not once per output row."""
+        index: dict[tuple, int] = {}
+        set_of = [index.setdefault(tuple(rows), len(index)) for rows in self.lineage.values()]
+        return {"kind": self.kind, "exact": self.exact, "reason": self.reason, "deterministic": self.deterministic,
+                "digests": list(self.lineage), "set_of": set_of, "sets": [[_plain(r) for r in rows] for rows in index],
+                "calls": self.calls}
+
+
+class Function:
+    """A black box's function, callable on a set of its input rows; what comes out is a Counter of digests."""
+
+    def __init__(self, record: dict, dataset: str, digest: list[int]):
+        import pyspark.cloudpickle as cloudpickle
+        from pyspark.sql.types import StructField, StructType, _parse_datatype_json_value
+
+        self.record = record
+        self.eval_type = record["eval_type"]
+        if self.eval_type not in SUPPORTED:
+            raise ValueError(f"PySpark eval type {self.eval_type} is not re-run (mapInPandas, mapInArrow, "
+                             f"applyInPandas and applyInPandasWithState are)")
+        self.function, self.return_type = cloudpickle.loads(record["command"])
+        self.input_type = _parse_datatype_json_value(record["input"])
+        self.output_type = _parse_datatype_json_value(record["output"])
+        self.keys = list(record.get("grouping") or [])  # positions of the key's columns in the input
+        self.data = list(record.get("data") if record.get("data") is not None
+                         else range(len(self.input_type.fields)))
+        self.timezone = record.get("timezone") or "UTC"
+        self.dataset = dataset
+        self.digest = digest
+        fields = self.output_type.fields
+        self.dtypes = [fields[i].dataType.simpleString() for i in digest]
+        self.wrapped = StructType([StructField("_0", self.return_type if self.eval_type != GROUPED_WITH_STATE
+                                               else self.output_type)])
+        self.calls = 0
+        if self.eval_type == GROUPED_WITH_STATE:
+            from pyspark.sql.streaming.state import GroupStateTimeout
+
+            if "NoTimeout" not in str(record.get("timeout")):
+                raise ValueError(f"a stateful function with {record.get('timeout')} is not replayed (its timeouts "
+                                 f"depend on clocks, not rows)")
+            self.no_timeout = GroupStateTimeout.NoTimeout
+            self.state_type = _parse_datatype_json_value(record["state"])
+        import inspect
+
+        self.takes_key = self.eval_type == GROUPED_PANDAS and len(inspect.getfullargspec(self.function).args) == 2
+
+    # The input as the worker gets it --------------------------------------------------------------
+
+    def frame(self, table: pa.Table, columns: list[int]):
+        """Columns ``columns`` of ``table`` (the child's rows) as the pandas DataFrame the function gets."""
+        from pyspark.sql.conversion import ArrowBatchTransformer
+
+        part = table.select(columns)
+        struct = pa.StructArray.from_arrays([c.combine_chunks() for c in part.columns], fields=list(part.schema))
+        batch = pa.RecordBatch.from_arrays([struct], names=["_0"])
+        return ArrowBatchTransformer.to_pandas(batch, timezone=self.timezone, df_for_struct=True)[0]
+
+    def _frames(self, table: pa.Table):
+        """(the data columns' frame, the grouping columns' frame) of the whole input, made once per table."""
+        held = getattr(self, "_held", None)
+        if held is None or held[0] is not table:
+            held = (table, self.frame(table, self.data), self.frame(table, self.keys) if self.keys else None)
+            self._held = held
+        return held[1], held[2]
+
+    def run(self, table: pa.Table, groups: list[list[int]]) -> list[Counter]:
+        """The output digests of one call per group of row positions (stateless functions); many calls are
+        shared by forked copies of this process, one per core (``PARALLEL_CALLS``)."""
+        self.calls += len(groups)
+        workers = min(os.cpu_count() or 1, MAX_FORKS)
+        if len(groups) < PARALLEL_CALLS or workers < 2 or self.eval_type == MAP_ARROW:
+            return self._run(table, groups)
+        self._frames(table)  # made before the fork: the copies share them
+        global _FORKED
+        _FORKED = (self, table, groups)
+        chunks = [(i * len(groups) // workers, (i + 1) * len(groups) // workers) for i in range(workers)]
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_run_chunk, chunks)
+        _FORKED = None
+        return [c for part in parts for c in part]
+
+    def _run(self, table: pa.Table, groups: list[list[int]]) -> list[Counter]:
+        if self.eval_type == MAP_ARROW:
+            found = []
+            for group in groups:
+                part = table.take(pa.array(group, pa.int64())).combine_chunks()
+                found.append(self._arrow_digests(self.function(iter(part.to_batches()))))
+            return found
+        data, keys = self._frames(table)
+        produced: list[tuple[int, object]] = []
+        for i, group in enumerate(groups):
+            # A slice where the group is one row (the dispatcher's test runs every row alone): cheaper than a take.
+            part = (data.iloc[group[0]:group[0] + 1] if len(group) == 1 else data.iloc[group]).reset_index(drop=True)
+            if self.eval_type == MAP_PANDAS:
+                produced.extend((i, df) for df in self._checked(self.function(iter([part]))))
+            elif self.takes_key:
+                key = tuple(keys.iloc[group[0]]) if group else ()
+                produced.append((i, self.function(key, part)))
+            else:
+                produced.append((i, self.function(part)))
+        return self.digests(produced, len(groups))
+
+    @staticmethod
+    def _checked(result):
+        import pandas as pd
+
+        for df in result:
+            if not isinstance(df, pd.DataFrame):
+                raise TypeError(f"the function yielded a {type(df).__name__}, not a pandas.DataFrame")
+            yield df
+
+    def digests(self, produced: list[tuple[int, object]], calls: int) -> list[Counter]:
+        """Per call, the Counter of its output rows' digests; the frames of every call converted together
+        where they agree in columns and types (one conversion, not one per call)."""
+        import pandas as pd
+
+        found = [Counter() for _ in range(calls)]
+        alike: dict[tuple, list[tuple[int, object]]] = {}
+        for i, df in produced:
+            if len(df):
+                alike.setdefault((tuple(map(str, df.columns)), tuple(map(str, df.dtypes))), []).append((i, df))
+        for frames in alike.values():
+            whole = pd.concat([df for _, df in frames], ignore_index=True) if len(frames) > 1 else frames[0][1]
+            owners = [i for i, df in frames for _ in range(len(df))]
+            for owner, digest in zip(owners, self._digest_rows(whole)):
+                found[owner][digest] += 1
+        return found
+
+    def _digest_rows(self, df) -> list[int]:
+        from pyspark.sql.conversion import PandasToArrowConversion
+
+        batch = PandasToArrowConversion.convert([df], self.wrapped, timezone=self.timezone, safecheck=True,
+                                                arrow_cast=True, assign_cols_by_name=True)
+        rows = batch.column(0)
+        if not self.digest:  # no column is digested: every row is named alike
+            return [rids.spark_xxhash64(rids.BOX_OUTPUT, self.dataset)] * len(rows)
+        return rids.box_output_digests_arrow(self.dataset, [rows.field(i) for i in self.digest], self.dtypes).tolist()
+
+    def _arrow_digests(self, batches) -> Counter:
+        found: Counter = Counter()
+        for batch in batches:
+            table = pa.Table.from_batches([batch]).cast(pa.schema(_arrow_schema(self.output_type)))
+            found.update(rids.box_output_digests_arrow(self.dataset, [table.column(i) for i in self.digest],
+                                                       self.dtypes).tolist())
+        return found
+
+
+_FORKED: tuple | None = None  # (function, table, groups) of the calls a fork shares out
+
+
+def _run_chunk(bounds: tuple[int, int]) -> list[Counter]:
+    fn, table, groups = _FORKED
+    return fn._run(table, groups[bounds[0]:bounds[1]])
+
+
+def _arrow_schema(struct_type) -> list[pa.Field]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return list(to_arrow_schema(struct_type))
+
+
+def _total(counters: list[Counter]) -> Counter:
+    total: Counter = Counter()
+    for c in counters:
+        total.update(c)
+    return total
+
+
+def _plain(row):
+    return list(row) if isinstance(row, tuple) else row
+
+
+def _lineage(groups: list[list[int]], outputs: list[Counter]) -> dict[int, list[int]]:
+    lineage: dict[int, set[int]] = {}
+    for group, out in zip(groups, outputs):
+        for digest in out:
+            lineage.setdefault(digest, set()).update(group)
+    return {d: sorted(rows) for d, rows in lineage.items()}
+
+
+def _key_groups(table: pa.Table, columns: list[int]) -> list[list[int]]:
+    keys: dict[tuple, list[int]] = {}
+    values = [table.column(i).to_pylist() for i in columns]
+    for position, key in enumerate(zip(*values)):
+        keys.setdefault(key, []).append(position)
+    return list(keys.values())
+
+
+def narrow_stateless(fn: Function, table: pa.Table, complete_digest: bool) -> Narrowed:
+    """Classify and narrow one batch of a stateless black box; ``table`` holds its input rows, in order."""
+    n = table.num_rows
+    everything = [list(range(n))]
+    if fn.eval_type == GROUPED_PANDAS:  # Spark calls it once per group of its key: that is f(I)
+        whole = _key_groups(table, fn.keys)
+    else:
+        whole = everything
+    first = _total(fn.run(table, whole))
+    if _total(fn.run(table, whole)) != first:
+        return Narrowed("superset", False, "non-deterministic: two runs on the batch's input gave different rows",
+                        False, calls=fn.calls)
+    # A probe first: a dispatcher's property holds on every part of the input, so one part that fails it
+    # (a group, or the first rows) saves running every row alone.
+    probe = whole[0][:PROBE_ROWS] if fn.eval_type != GROUPED_PANDAS else whole[0]
+    maybe = n > 0 and (_total(fn.run(table, [probe])) == _total(fn.run(table, [[i] for i in probe])))
+    singles = [[i] for i in range(n)]
+    per_row = fn.run(table, singles) if maybe else []
+    if maybe and _total(per_row) == first:
+        return Narrowed("dispatcher", complete_digest, "" if complete_digest else _PARTIAL, True,
+                        _lineage(singles, per_row), fn.calls)
+    if fn.eval_type == GROUPED_PANDAS:
+        outputs = fn.run(table, whole)
+        return Narrowed("grouped", complete_digest, "" if complete_digest else _PARTIAL, True,
+                        _lineage(whole, outputs), fn.calls)
+    budget = MAX_GROUPING_CALLS * n
+    for column in fn.data:
+        groups = _key_groups(table, [column])
+        if not 1 < len(groups) < n or fn.calls + len(groups) > budget:
+            continue
+        outputs = fn.run(table, groups)
+        if _total(outputs) == first:
+            name = table.column_names[column]
+            return Narrowed("grouped", complete_digest, f"grouped by {name}" if complete_digest else _PARTIAL,
+                            True, _lineage(groups, outputs), fn.calls)
+    return Narrowed("superset", False, "neither a dispatcher nor grouped by one column on this batch: every "
+                    "output row may derive from every input row", True, calls=fn.calls)
+
+
+_PARTIAL = "some output columns are not in the digest (nested types): rows alike in the rest share lineage"
+
+
+def narrow_stateful(fn: Function, batches: list[tuple[int, pa.Table]], complete_digest: bool) -> dict[int, Narrowed]:
+    """Replay a stateful black box (``applyInPandasWithState``) over its batches, in order, from the query's
+    first: per batch, each output digest's input row positions (into that batch's ``table`` and earlier
+    ones: positions are ``(batch, row)`` pairs flattened by the caller). Twice, to check determinism."""
+    first = _replay(fn, batches)
+    if _replay(fn, batches)[0] != first[0]:
+        reason = "non-deterministic: two replays of the key's history gave different rows"
+        return {b: Narrowed("superset", False, reason, False, calls=fn.calls) for b, _ in batches}
+    outputs, lineage = first
+    exact = complete_digest
+    return {b: Narrowed("per key", exact, "" if exact else _PARTIAL, True, lineage.get(b, {}), fn.calls)
+            for b, _ in batches}
+
+
+def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, dict]:
+    """(per batch, the Counter of output digests), (per batch, digest -> [(batch, row)…])."""
+    from pyspark.sql.streaming.state import GroupState
+
+    states: dict[tuple, object] = {}  # key -> state value (a Row), absent: none
+    since: dict[tuple, list] = {}  # key -> (batch, row) of its rows since it last had no state
+    outputs: dict[int, Counter] = {}
+    lineage: dict[int, dict[int, set]] = {}
+    for batch, table in batches:
+        out_batch: Counter = Counter()
+        for group in _key_groups(table, fn.keys):
+            part = table.take(pa.array(group, pa.int64()))
+            key = tuple(part.column(i)[0].as_py() for i in fn.keys)
+            value = states.get(key)
+            if value is None:
+                since[key] = []
+            since[key].extend((batch, i) for i in group)
+            state = GroupState(value, 0, -1, fn.no_timeout, False, False, value is not None, False, False, -1,
+                               b"", fn.state_type)
+            fn.calls += 1
+            found = fn.digests([(0, df) for df in fn._checked(fn.function(key, iter([fn.frame(part, fn.data)]), state))],
+                               1)[0]
+            if state._removed:
+                states.pop(key, None)
+            elif state._updated:
+                states[key] = state._value
+            out_batch.update(found)
+            for digest in found:
+                lineage.setdefault(batch, {}).setdefault(digest, set()).update(since[key])
+        outputs[batch] = out_batch
+    return outputs, {b: {d: sorted(rows) for d, rows in found.items()} for b, found in lineage.items()}
