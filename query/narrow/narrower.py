@@ -284,13 +284,15 @@ class Narrower:
         else:
             wanted = [batch]
         started = time.monotonic()
-        inputs = {b: self._inputs(box, b, backend) for b in wanted}
+        entering = self._entering(box, wanted, backend)
+        inputs = {b: self._inputs(box, b, entering.get(b, {})) for b in wanted}
         read = time.monotonic()
         if sum(t.num_rows for t, _ in inputs.values()) > MAX_ROWS:
             raise LineageError(f"more than {MAX_ROWS:,} input rows to re-run")
         result = self._run(box, {b: t for b, (t, _) in inputs.items()})
         ran = time.monotonic()
-        mask = self._mask(box, batch, backend)
+        masks = set(entering.get(batch, {}).values())
+        mask = masks.pop() if len(masks) == 1 else -1
         found = {}
         for b, narrowed in result.items():
             if narrowed.get("refused") or narrowed.get("failed"):
@@ -303,25 +305,29 @@ class Narrower:
                                "checks": round(time.monotonic() - ran, 3)}
         return found
 
-    def _inputs(self, box: Box, batch: int, backend) -> tuple[pa.Table, list[list[int]]]:
+    def _entering(self, box: Box, batches: list[int], backend) -> dict[int, dict[int, int]]:
+        """Per batch of ``batches``, the rows the store records entering ``box`` (their rid, and the edge's
+        column mask); each state node's edges are read once (a stateful black box has one for every batch)."""
+        found: dict[int, dict[int, int]] = {}
+        for node in {box.node(b) for b in batches}:
+            for src, b, op, mask in _edges_of(backend, node, True, ("src", "batch", "op", "cols")):
+                if op == box.op and b in batches:
+                    found.setdefault(b, {})[int(src)] = int(mask)
+        return found
+
+    def _inputs(self, box: Box, batch: int, recorded: dict[int, int]) -> tuple[pa.Table, list[list[int]]]:
         """The rows that entered ``box`` in ``batch``, as its function gets them, and each row's source rids;
-        checked against the store's edges into its state node."""
+        checked against those the store records entering it (``recorded``, by rid)."""
         from .inputs import box_inputs
 
         table, row_rids = box_inputs(self.fallback, box, batch)
-        entered = {int(s) for s, b, o in _edges_of(backend, box.node(batch), True, ("src", "batch", "op"))
-                   if b == batch and o == box.op}
+        entered = set(recorded)
         rebuilt = {r for row in row_rids for r in row}
         if rebuilt != entered:
             raise LineageError(f"the black box's input could not be rebuilt exactly from the log: {len(rebuilt)} "
                                f"source rows read back, {len(entered)} recorded entering it "
                                f"({len(rebuilt - entered)} not recorded, {len(entered - rebuilt)} not read back)")
         return table, row_rids
-
-    def _mask(self, box: Box, batch: int, backend) -> int:
-        masks = {int(m) for m, b, o in _edges_of(backend, box.node(batch), True, ("cols", "batch", "op"))
-                 if b == batch and o == box.op}
-        return masks.pop() if len(masks) == 1 else -1
 
     def _run(self, box: Box, tables: dict[int, pa.Table]) -> dict[int, dict]:
         """The worker's result per batch (``worker.py``), or its failure for every batch."""
