@@ -180,10 +180,16 @@ def test_replicas_and_a_former_owner_write_at_once_while_a_reader_reads(tmp_path
     queries = ["q0", "q1", "q2"]
     records = {p: topic_records(rng, 300, queries, 40) for p in range(3)}
     written, failures = [], []
+    reads = threading.Condition()
+    seen = []
 
     def write(writer: BatchLogWriter, partition: int, offsets) -> None:
         try:
-            for offset in offsets:
+            for i, offset in enumerate(offsets):
+                if i and i % 50 == 0:  # the reader reads at least once every 50 records, however fast they go
+                    with reads:
+                        before = len(seen)
+                        reads.wait_for(lambda: len(seen) > before, timeout=30)
                 append(writer, partition, offset, records[partition][offset])
                 written.append((partition, 0, offset))
         except Exception as exc:  # reported by the test's thread
@@ -194,12 +200,14 @@ def test_replicas_and_a_former_owner_write_at_once_while_a_reader_reads(tmp_path
                for p in range(3)]
     writers.append(threading.Thread(target=write, args=(BatchLogWriter(tmp_path, TOPIC, 16), 0, range(100, 300))))
     pairs = [(q, b) for q in queries for b in range(40)]
-    seen = []
     for thread in writers:
         thread.start()
     log = BatchLog(tmp_path, TOPIC)
     while any(t.is_alive() for t in writers):
-        seen.append(sum(s is not None for s in log.refresh().statuses(pairs).values()))
+        found = sum(s is not None for s in log.refresh().statuses(pairs).values())
+        with reads:
+            seen.append(found)
+            reads.notify_all()
     for thread in writers:
         thread.join()
     assert not failures

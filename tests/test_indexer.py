@@ -1,14 +1,19 @@
 import json
 import os
+import random
 import subprocess
 import sys
+import time
+import uuid
 
 import pyarrow as pa
 from kafka import KafkaConsumer
 from prometheus_client import REGISTRY
 
+from bench.graph_hub_writes import black_box_write
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, LOG_PROGRESS, NODE_SCHEMA, encode_lineage, encode_log
+from headwater.indexer.graph import GraphWriter
 from headwater.query.api import LineageClient
 
 from .conftest import index
@@ -139,3 +144,25 @@ def test_an_indexer_is_not_held_up_by_the_group_of_another_edges_topic(stack, co
         assert json.loads(done.stdout.strip().splitlines()[-1])["caught_up"] is True
     finally:
         held.close()
+
+
+def test_edges_into_a_black_box_node_cost_the_same_each_write_and_are_written_once(stack_config):
+    """A black box's node gains an edge from every row entering it: merged from that node, each write
+    scanned all its edges so far (bench/graph_hub_writes.py: the third write took 4.3 times the first)."""
+    query, base = f"q-box-{uuid.uuid4().hex[:6]}", random.randrange(1 << 40, 1 << 50)
+    writer = GraphWriter(stack_config)
+    try:
+        writer.ensure_schema()
+        seconds = []
+        for lo in (0, 3000, 6000, 0):  # the last: a replay of the first
+            nodes, edges = black_box_write(lo, lo + 3000, query, base=base)
+            started = time.perf_counter()
+            writer.write_lineage(nodes, edges)
+            seconds.append(time.perf_counter() - started)
+        with writer._session() as s:
+            counts = {r["op"]: r["n"] for r in s.run(
+                "MATCH ()-[e:DERIVED]->() WHERE e.query = $q RETURN e.op AS op, count(e) AS n", q=query)}
+    finally:
+        writer.close()
+    assert counts == {1: 9000, 2: 9000, 3: 9000}
+    assert seconds[2] <= 2 * seconds[0] + 0.5, f"writes into a black box's node grow: {seconds}"

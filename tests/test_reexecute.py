@@ -179,3 +179,15 @@ def test_calls_shared_by_forked_copies_give_what_one_process_gives(monkeypatch):
     shared = reexecute.narrow_stateless(reexecute.Function(record(split, "id long, part int, v3 long"), DATASET,
                                                            [0, 1, 2]), table, True)
     assert (shared.kind, shared.lineage) == (serial.kind, serial.lineage) and shared.kind == "dispatcher"
+
+
+def test_a_calls_rows_are_held_once_and_a_row_out_of_two_calls_derives_from_both():
+    from collections import Counter
+
+    lineage = reexecute._lineage([[2, 0], [1, 3], [5, 4]],
+                                 [Counter({10: 1, 11: 1}), Counter({11: 1, 12: 2, 13: 1}), Counter({14: 1, 15: 1})])
+    assert lineage == {10: [0, 2], 11: [0, 1, 2, 3], 12: [1, 3], 13: [1, 3], 14: [4, 5], 15: [4, 5]}
+    assert lineage[14] is lineage[15], "the outputs of one call share its rows"
+    held = reexecute.Narrowed("grouped", True, lineage=lineage).to_dict()
+    assert held["sets"] == [[0, 2], [0, 1, 2, 3], [1, 3], [4, 5]]
+    assert dict(zip(held["digests"], held["set_of"])) == {10: 0, 11: 1, 12: 2, 13: 2, 14: 3, 15: 3}
