@@ -1,4 +1,5 @@
-"""capture's JVM part: the journal filter of the hot path (``java/headwater/capture/Journal.java``).
+"""capture's JVM part: the journal filter of the hot path (``java/headwater/capture/Journal.java``), the
+JVM half of the per-batch hook (``Hook.java``) and the listeners (``JobTimes.java``, ``Progress.java``).
 
 Lineage is journaled from the JVM because any Python UDF in a Spark task costs a fixed 50-100 ms a
 batch here (a Python worker handed the task, Arrow both ways, the rows held in the JVM meanwhile),
@@ -39,8 +40,9 @@ JAR = HERE / "headwater-capture.jar"
 SOURCES = HERE / "java"
 DIGEST = "headwater/capture/source.sha256"  # inside the jar
 CLASS = "headwater.capture.Journal"
-WATERMARKS = "headwater.capture.Watermarks"
 JOB_TIMES = "headwater.capture.JobTimes"
+HOOK = "headwater.capture.Hook"
+PROGRESS = "headwater.capture.Progress"
 DRAIN_IDLE_S = 60.0  # an executor's drain process exits after this long with nothing to send
 COUNTS = ("rows", "edges", "spilled_edges", "dropped_edges", "bytes", "nanos", "failed")  # Journal's accumulators
 
@@ -129,28 +131,42 @@ class Journals:
             spark.sql(f"ADD JAR '{JAR}'")
         self._loader = loader
         self._class = loader.loadClass(CLASS)
-        plan = spark._jvm.java.lang.Class.forName("org.apache.spark.sql.execution.SparkPlan")
-        self._late = loader.loadClass(WATERMARKS).getMethod("late", self._classes([plan]))
 
     def job_times(self):
         """A new ``JobTimes`` listener of the jar (``jvm_listener.JobTimes`` registers it)."""
+        return self._new(JOB_TIMES)
+
+    def progress(self):
+        """A new ``Progress`` listener of the jar (``listener.ProgressListener`` registers it)."""
+        return self._new(PROGRESS)
+
+    def _new(self, name: str):
+        """An instance of the jar's class ``name``, made by its constructor of no arguments."""
         gateway = self.spark.sparkContext._gateway
-        return self._loader.loadClass(JOB_TIMES).getConstructor(self._classes([])).newInstance(
+        return self._loader.loadClass(name).getConstructor(self._classes([])).newInstance(
             gateway.new_array(gateway.jvm.java.lang.Object, 0))
+
+    def hook(self, row_hash: str, rid: str, named: list[Column]):
+        """A new ``Hook`` of the jar: the JVM half of one traced query's per-batch hook (``tracer.BatchHook``),
+        over the output columns ``row_hash`` and ``rid``, the sink's columns ``named``."""
+        gateway = self.spark.sparkContext._gateway
+        jvm = gateway.jvm
+        column = jvm.java.lang.Class.forName("org.apache.spark.sql.Column")
+        string = jvm.java.lang.Class.forName("java.lang.String")
+        columns = gateway.new_array(jvm.org.apache.spark.sql.Column, len(named))
+        for i, c in enumerate(named):
+            columns[i] = c._jc
+        args = gateway.new_array(jvm.java.lang.Object, 3)
+        for i, a in enumerate([row_hash, rid, columns]):
+            args[i] = a
+        array = jvm.java.lang.reflect.Array.newInstance(column, 0).getClass()
+        return self._loader.loadClass(HOOK).getConstructor(self._classes([string, string, array])).newInstance(args)
 
     def _classes(self, classes: list):
         array = self.spark.sparkContext._gateway.new_array(self.spark._jvm.java.lang.Class, len(classes))
         for i, c in enumerate(classes):
             array[i] = c
         return array
-
-    def watermarks(self, executed_plan) -> list[dict]:
-        """The ``StateStoreSaveExec``s of a micro-batch's executed plan, as ``Watermarks.late`` reads them
-        in one call: ``{"keys": [expression id, …], "late": microseconds or None}`` each."""
-        gateway = self.spark.sparkContext._gateway
-        args = gateway.new_array(self.spark._jvm.java.lang.Object, 1)
-        args[0] = executed_plan
-        return json.loads(self._late.invoke(None, args))
 
     def column(self, publisher: Publisher, counts: Counts, frame: DataFrame, columns: list[Column]) -> Column:
         """``publisher``'s journal filter over ``columns`` of ``frame`` (its fields, in order): a condition

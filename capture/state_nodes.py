@@ -52,7 +52,7 @@ def entering_column(op: StateOp, frame, columns: list[Column], query: str, journ
 def late_watermarks(saves: list[dict], ops: list[StateOp]) -> dict[str, int | None]:
     """Per aggregate (by node id) that drops late rows, the watermark (microseconds) this batch drops them
     by, as Spark's ``StateStoreSaveExec`` of that aggregate holds it; None where it drops none (complete
-    mode). ``saves`` are the micro-batch's ``StateStoreSaveExec``s as ``Journals.watermarks`` reads them.
+    mode). ``saves`` are the micro-batch's ``StateStoreSaveExec``s as ``Hook.late`` reads them.
 
     An aggregate whose operator cannot be found is left out: its rows' edges are then not published
     (the journal filter counts the task failed), rather than published without knowing which rows are late.

@@ -8,8 +8,9 @@ sink and publishes the batch's lineage from the executors.
 
 from __future__ import annotations
 
-import functools
 import datetime as dt
+import functools
+import json
 import logging
 import queue
 import threading
@@ -17,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import ArrayType, MapType, StructType
@@ -92,8 +94,8 @@ class Tracer:
         self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
         self._query_ids: dict[str, str | None] = {}  # Spark query id → traced query name (None: untraced)
-        self._listener = ProgressListener(self._queries.get, self.publish_log, self._observe_progress)
-        spark.streams.addListener(self._listener)
+        self._listener = ProgressListener(spark, self.journals.progress(), self._queries.get, self.publish_log,
+                                          self._observe_progress)
         self._job_times = JobTimes(spark, self.journals.job_times())
         self._metrics_server = metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
         self._stop = threading.Event()
@@ -103,6 +105,7 @@ class Tracer:
     def name_query(self, spark_name: str, traced_name: str) -> None:
         """Spark's name of a traced query's streaming query, for the progress listener."""
         self._queries[spark_name] = traced_name
+        self._listener.watch(spark_name)
 
     def start_query(self, writer, traced_name: str) -> StreamingQuery:
         """Start a traced query's ``DataStreamWriter``, noting its Spark id."""
@@ -201,11 +204,7 @@ class Tracer:
         next tracer on this host sends it.
         """
         if self._listener is not None:
-            try:  # let progress events already posted reach the listener first
-                self.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
-            except Exception:
-                log.warning("progress events still queued at close may not be logged", exc_info=True)
-            self.spark.streams.removeListener(self._listener)
+            self._listener.close()
             self._listener = None
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -329,7 +328,9 @@ class BatchHook:
         # a batch only puts them in its plan. Their fields' types are those of the batch's frame.
         journals, name = traced.tracer.journals, traced.name
         self.frame = frame = self.streaming_frame(threaded.df)  # what the writer streams into this hook
-        out = frame.withColumn(RID_COLUMN, self.output_rid(0))
+        # What the hook asks of Spark every batch, one call into the JVM each (``Hook.java``).
+        self.jvm = journals.hook(ROW_HASH, RID_COLUMN, self._named)
+        out = self.with_rid(frame, 0)
         self.outputs = journals.column(outputs_publisher(name, threaded.ir.id, threaded.sources, self.masks),
                                        self.counts, out, [F.col(RID_COLUMN), *[F.col(s.column) for s in threaded.sources]])
         inputs = {s.column: s for s in threaded.inputs}
@@ -369,14 +370,19 @@ class BatchHook:
         return F.xxhash64(F.lit(rids.OUTPUT), F.lit(self.traced.name), F.lit(self.spec.describe()),
                           *parts, *[F.col(c) for c in self.hashable])
 
-    @staticmethod
-    def output_rid(batch_id: int):
-        """rid of each output row: its ``_hw_row`` hash and the batch.
+    def with_rid(self, rows: DataFrame, batch_id: int) -> DataFrame:
+        """``rows`` with each one's rid, ``_hw_rid``: its ``_hw_row`` hash and the batch,
+        ``xxhash64(_hw_row, '<batch id>')``.
 
         The batch is hashed as text: Spark's generated code holds a string literal by reference but
         writes a number into the code, so a numeric batch id made every batch compile its stages
         anew (two Janino compilations, 12-30 ms each, a batch of the demo shape)."""
-        return F.xxhash64(F.col(ROW_HASH), F.lit(str(batch_id)))
+        return ClassicDataFrame(self.jvm.withRid(rows._jdf, str(batch_id)), rows.sparkSession)
+
+    def sink_rows(self, rows: DataFrame, journal: Column | None = None) -> DataFrame:
+        """What the sink gets of ``rows`` (``with_rid``'s): the user's columns and ``_hw_rid``, through
+        ``journal`` (a journal filter) when given."""
+        return ClassicDataFrame(self.jvm.sinkRows(rows._jdf, None if journal is None else journal._jc), rows.sparkSession)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -402,7 +408,7 @@ class BatchHook:
         if boxes and capture:
             frame = frame.persist()
         out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
-        out = out.withColumn(RID_COLUMN, self.output_rid(batch_id))
+        out = self.with_rid(out, batch_id)
         if capture and not fused:
             out = out.persist()
         apart = 0.0  # seconds of capture's own jobs
@@ -411,9 +417,9 @@ class BatchHook:
         errors = []
         try:
             if fused:
-                self.sink.write(out.where(self.outputs).select(*self._named), batch_id)
+                self.sink.write(self.sink_rows(out, self.outputs), batch_id)
             elif not written:
-                self.sink.write(out.select(*self._named), batch_id)
+                self.sink.write(self.sink_rows(out), batch_id)
             if capture and not fused:
                 written_nanos = self.counts.nanos() - before
                 apart_started = time.monotonic()
@@ -497,20 +503,14 @@ class BatchHook:
         late = {}
         if ops and run is not None:
             try:  # Spark's plan of this micro-batch, with its watermarks (the hook's DataFrame only scans its rows)
-                saves = self.traced.tracer.journals.watermarks(self._execution(batch_df).executedPlan())
-                late = late_watermarks(saves, ops)
+                # The query is the traced session's: the batch's own session is the stream's clone of it.
+                query_id = batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+                late = late_watermarks(json.loads(self.jvm.late(self.traced.tracer.spark._jsparkSession, query_id)),
+                                       ops)
             except Exception:  # the tasks then journal no state edges of aggregates that drop late rows
                 log.exception("the watermarks of %s's aggregates are not known for batch %s", self.traced.name,
                               batch_id)
         return Setting(batch_id, run, plan.fraction if plan.level == SAMPLED else None, late)
-
-    def _execution(self, batch_df: DataFrame):
-        """The ``IncrementalExecution`` of the micro-batch the hook is called with, from the query running it."""
-        query_id = batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-        query = self.traced.tracer.spark.streams.get(query_id) if query_id else None
-        if query is None:
-            raise LookupError(f"streaming query {query_id} is not active in the traced session")
-        return query._jsq.streamingQuery().lastExecution()
 
     @staticmethod
     def _status(plan: Plan, stats: dict) -> str:

@@ -1,0 +1,77 @@
+package headwater.capture;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.spark.sql.streaming.StreamingQueryListener;
+import org.apache.spark.sql.streaming.StreamingQueryProgress;
+
+/**
+ * Spark's progress of the traced streaming queries, heard in the JVM and kept, as Spark's own JSON, for
+ * the tracer's thread to take ({@code listener.ProgressListener}).
+ *
+ * <p>A listener in Python (PySpark's {@code StreamingQueryListener}) was called through py4j's callback server
+ * for every query of the session, traced or not, and PySpark turned each event into Python objects with
+ * dozens of calls back into the JVM: each Java map it read ended in an exception, whose conversion looked
+ * up classes by name, each miss a scan of every jar on the class path. That cost 70-90 ms of the driver's
+ * CPU a batch, shared with the stream on a small driver. Here a query that is not watched costs a lookup in
+ * a set, and a watched one its progress's JSON text.
+ */
+public final class Progress extends StreamingQueryListener {
+    private static final long serialVersionUID = 1L;
+    static final int MOST = 10_000; // progress events kept for the tracer's thread; beyond, counted lost
+
+    private final Set<String> watched = ConcurrentHashMap.newKeySet();
+    private final BlockingQueue<String> queued = new LinkedBlockingQueue<>(MOST);
+    private final AtomicLong lost = new AtomicLong();
+
+    /** Keep the progress of the streaming query named {@code name} (Spark's query name). */
+    public void watch(String name) {
+        watched.add(name);
+    }
+
+    @Override
+    public void onQueryStarted(QueryStartedEvent event) {
+    }
+
+    @Override
+    public void onQueryProgress(QueryProgressEvent event) {
+        StreamingQueryProgress progress = event.progress();
+        String name = progress.name();
+        if (name != null && watched.contains(name) && !queued.offer(progress.json())) {
+            lost.incrementAndGet();
+        }
+    }
+
+    @Override
+    public void onQueryTerminated(QueryTerminatedEvent event) {
+    }
+
+    /**
+     * The progress kept since the last call, Spark's JSON of each, one a line, in the order Spark gave them;
+     * waits up to {@code waitMs} for the first, and gives "" if none came.
+     */
+    public String take(long waitMs) throws InterruptedException {
+        String first = queued.poll(waitMs, TimeUnit.MILLISECONDS);
+        if (first == null) {
+            return "";
+        }
+        List<String> rest = new ArrayList<>();
+        queued.drainTo(rest);
+        StringBuilder lines = new StringBuilder(first);
+        for (String json : rest) {
+            lines.append('\n').append(json);
+        }
+        return lines.toString();
+    }
+
+    /** Progress events not kept because the tracer's thread had not taken the earlier ones. */
+    public long lost() {
+        return lost.get();
+    }
+}
