@@ -82,7 +82,7 @@ class ProgressListener:
             try:
                 self.handle(self._listener.take(TAKE_WAIT_MS))
             except Exception:  # this thread must outlive a failing call
-                if self._stop.is_set():
+                if self._stop.is_set() or self._spark.sparkContext._jsc is None:  # closed, or Spark stopped
                     break
                 log.exception("taking the progress of traced queries failed")
                 self._stop.wait(1.0)
