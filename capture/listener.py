@@ -89,6 +89,8 @@ class ProgressListener:
 
     def handle(self, lines: str) -> None:
         """Publish a progress record for each progress (Spark's JSON, one a line) of a traced query."""
+        if not lines:  # progress is lost only while the queue is full, so an empty take has nothing to count
+            return
         for line in lines.splitlines():
             try:
                 progress = json.loads(line)

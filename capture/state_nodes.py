@@ -20,9 +20,6 @@ from __future__ import annotations
 
 from pyspark.sql import Column
 
-from headwater.core import rid as rids
-
-from .jvm_listener import QUERY_ID_PROPERTY
 from .journal import Group, Publisher
 from .lineage import BatchContext
 from .publishers import source_edges
@@ -60,8 +57,3 @@ def late_watermarks(saves: list[dict], ops: list[StateOp]) -> dict[str, int | No
     wanted = {op.late_key: op.node_id for op in ops if op.late_key is not None}
     return {str(wanted[key]): save["late"] for save in saves for key in save["keys"] if key in wanted}
 
-
-def run_of(spark) -> int | None:
-    """The run (``rid.run_hash``) of the streaming query whose batch this thread runs."""
-    query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-    return rids.run_hash(query_id) if query_id else None

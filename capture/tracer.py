@@ -42,7 +42,7 @@ from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobTimes
 from .listener import ProgressListener
 from .publishers import black_box_publisher, foreach_batch_publisher, outputs_publisher
 from .rewrite import BLACK_BOX_MARKER, RID_COLUMN, Threaded, thread_rids
-from .state_nodes import entering_column, late_watermarks, run_of
+from .state_nodes import entering_column, late_watermarks
 from .sinks import Sink, SinkSpec
 from .spark_plan import analyzed, optimized_records
 
@@ -403,7 +403,7 @@ class BatchHook:
         fused = capture and not boxes and self.sink.reads_every_row and not written
         context = batch_df.sparkSession.sparkContext
         if capture:  # what the journal filters of this batch's tasks need
-            setting = self._setting(batch_df, batch_id, run_of(batch_df.sparkSession), plan)
+            setting = self._setting(batch_id, context.getLocalProperty(QUERY_ID_PROPERTY), plan)
             context.setLocalProperty(PROPERTY, setting.to_json())
         if boxes and capture:
             frame = frame.persist()
@@ -497,14 +497,15 @@ class BatchHook:
             LOG_BATCH, query=self.traced.name, batch=batch_id, status="failed",
             seconds=round(time.monotonic() - started, 3), capture_seconds=0.0, error=error, tables=versions)
 
-    def _setting(self, batch_df: DataFrame, batch_id: int, run: int | None, plan: Plan) -> Setting:
-        """The batch's setting for the journal filters of its tasks (``journal.Setting``)."""
+    def _setting(self, batch_id: int, query_id: str | None, plan: Plan) -> Setting:
+        """The batch's setting for the journal filters of its tasks (``journal.Setting``). ``query_id``: the
+        Spark id of the streaming query running the batch (the run is its ``rid.run_hash``); None outside one."""
         ops = self.traced.threaded.state_ops
+        run = rids.run_hash(query_id) if query_id else None
         late = {}
         if ops and run is not None:
             try:  # Spark's plan of this micro-batch, with its watermarks (the hook's DataFrame only scans its rows)
                 # The query is the traced session's: the batch's own session is the stream's clone of it.
-                query_id = batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
                 late = late_watermarks(json.loads(self.jvm.late(self.traced.tracer.spark._jsparkSession, query_id)),
                                        ops)
             except Exception:  # the tasks then journal no state edges of aggregates that drop late rows
