@@ -9,18 +9,21 @@ seconds (10,000 rows/s offered by default):
 - ``window``: those orders in 5-second tumbling windows per region (watermark, append);
 - ``join``: those orders joined with a payments stream within 10 seconds (watermarks).
 
-Each query runs ``--batches`` micro-batches from a fresh checkpoint, in four modes in
-turn, ``--rounds`` times after one uncounted warm-up round; each round starts the turn one
-mode later, so no mode always runs after the same one (the JVM's warming and a mode's
-leftovers, such as its garbage, fall on every mode alike):
+Each query runs ``--warmup-batches`` then ``--batches`` micro-batches from a fresh
+checkpoint, in four modes in turn, ``--rounds`` times after one uncounted warm-up round; each
+round starts the turn one mode later, so no mode always runs after the same one (the JVM's
+warming and a mode's leftovers, such as its garbage, fall on every mode alike):
 
 - ``bare``: no headwater at all;
 - ``off``: ``attach`` done (listeners registered), the query not traced;
 - ``on``: the query traced;
 - ``log``: the query traced with ``capture="log-only"`` (rids and the batch log, no edges).
 
-Batch durations are Spark's (``triggerExecution``), each run's first batch left out.
-``ratio_*`` is on over off, pooled over the three queries (per query in ``queries``);
+Batch durations are Spark's (``triggerExecution``) of the ``--batches`` after each run's
+warm-up: a stream's cost once it runs, as one that runs for months pays it. A new query's first
+batches are where the JVM compiles its code paths, the traced ones more of them (capture/README:
+"The hot path"); ``ratio_median_warmup`` (and per query) reports them apart, the first batch left
+out. ``ratio_*`` is on over off, pooled over the three queries (per query in ``queries``);
 ``ratio_median_log_only`` is log over off; ``attach_ratio_median`` is off over bare: what
 attaching costs a job that is not traced. ``*_ms_per_batch`` say where a traced batch's time
 goes: the JVM job listener's job time of the user's plan and of capture's own jobs, and
@@ -32,7 +35,7 @@ batches that take longer than it run back to back). Starts its own local stack (
 graph) on free ports. The last line printed is one JSON object.
 
     .venv/bin/python bench/capture_overhead.py [--rows-per-batch 10000] [--offered 10000]
-        [--batches 10] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
+        [--warmup-batches 10] [--batches 10] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
 """
 
 from __future__ import annotations
@@ -121,10 +124,11 @@ def bench_stack(app: str, **conf: str):
 
 
 def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args, rows: int) \
-        -> tuple[list[float], float, dict[str, float]]:
-    """Run one query of the reference stream (``rows`` a batch) for ``args.batches`` batches: its
-    durations after the first, its seconds, and (traced) the milliseconds ``trace`` took and, of
-    those, the optimizer's run for the log-only fallback's plan (once per query, not per batch)."""
+        -> tuple[list[float], list[float], float, dict[str, float]]:
+    """Run one query of the reference stream (``rows`` a batch) for ``args.warmup_batches`` then
+    ``args.batches`` batches: the durations of the latter, those of the warm-up after its first
+    batch, the run's seconds, and (traced) the milliseconds ``trace`` took and, of those, the
+    optimizer's run for the log-only fallback's plan (once per query, not per batch)."""
     from headwater.capture import attach
     from headwater.capture.spark_plan import optimized_records
 
@@ -147,8 +151,12 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
                  .option("checkpointLocation", str(workdir / f"cp-{tag}"))
                  .trigger(processingTime=f"{interval_ms} milliseconds").start(str(workdir / f"sink-{tag}")))
         started = time.monotonic()
+        wanted = args.warmup_batches + args.batches
         try:
-            while len([p for p in query.recentProgress if p.numInputRows]) < args.batches:
+            # The last progress only while waiting: all of them, asked every 0.2 s, cost the driver's
+            # Python more CPU as the run grows, beside the stream measured.
+            while (query.lastProgress is None or query.lastProgress.batchId + 1 < wanted
+                   or len([p for p in query.recentProgress if p.numInputRows]) < wanted):
                 if query.exception():
                     raise RuntimeError(f"{shape} failed: {query.exception()}")
                 time.sleep(0.2)
@@ -161,7 +169,7 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
         if tracer is not None:
             tracer.close()
     durations = [p.durationMs["triggerExecution"] for p in query.recentProgress if p.numInputRows]
-    return durations[1:args.batches], elapsed, once
+    return durations[args.warmup_batches:wanted], durations[1:args.warmup_batches], elapsed, once
 
 
 def summary(off: list[float], on: list[float]) -> dict:
@@ -177,7 +185,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows-per-batch", type=int, default=10000)
     parser.add_argument("--offered", type=int, default=10000, help="rows per second each source offers")
-    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--batches", type=int, default=10, help="batches counted in each run, after its warm-up")
+    parser.add_argument("--warmup-batches", type=int, default=10,
+                        help="each run's first batches, reported apart (ratio_median_warmup)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="1000,10000,100000", help="batch sizes of the curve; empty: none")
     parser.add_argument("--size-rounds", type=int, default=1)
@@ -188,6 +198,7 @@ def main(argv=None) -> None:
 
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     durations = {(shape, mode): [] for shape in SHAPES for mode in MODES}
+    warmups = {(shape, mode): [] for shape in SHAPES for mode in MODES}
     by_size = {(shape, size, mode): [] for shape in SHAPES for size in sizes for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)
     once: dict[str, list[float]] = {"trace_ms": [], "optimized_plan_ms": []}
@@ -196,9 +207,11 @@ def main(argv=None) -> None:
             for shape in SHAPES:
                 for mode in turn(MODES, round_):
                     tag = f"{shape}-{mode}{round_ if round_ >= 0 else 'warm'}"
-                    got, elapsed, costs = run_once(spark, config, home, shape, mode, tag, args, args.rows_per_batch)
+                    got, warm, elapsed, costs = run_once(spark, config, home, shape, mode, tag, args,
+                                                         args.rows_per_batch)
                     if round_ >= 0:
                         durations[(shape, mode)].extend(got)
+                        warmups[(shape, mode)].extend(warm)
                         seconds[mode] += elapsed
                         for name, ms in costs.items():
                             once[name].append(ms)
@@ -213,7 +226,7 @@ def main(argv=None) -> None:
                 for shape in SHAPES:
                     for mode in turn(("off", "on", "log"), round_ + k):
                         tag = f"{shape}-{mode}-{size}-{round_}"
-                        got, _, _ = run_once(spark, config, home, shape, mode, tag, args, size)
+                        got, _, _, _ = run_once(spark, config, home, shape, mode, tag, args, size)
                         by_size[(shape, size, mode)].extend(got)
                         say(f"size {size} {shape} {mode}: median {statistics.median(got):.0f} ms")
 
@@ -240,6 +253,12 @@ def main(argv=None) -> None:
         "batches_per_mode": len(pooled["on"]),
         **summary(pooled["off"], pooled["on"]),
         "ratio_median_log_only": ratio(pooled["log"], pooled["off"]),
+        # A new query's first batches (the first left out), apart: the JVM compiles its code paths then.
+        "warmup_batches": args.warmup_batches,
+        "ratio_median_warmup": ratio([d for shape in SHAPES for d in warmups[(shape, "on")]],
+                                     [d for shape in SHAPES for d in warmups[(shape, "off")]]),
+        "ratio_median_log_only_warmup": ratio([d for shape in SHAPES for d in warmups[(shape, "log")]],
+                                              [d for shape in SHAPES for d in warmups[(shape, "off")]]),
         "median_ms_log_only": statistics.median(pooled["log"]),
         "median_ms_bare": statistics.median(pooled["bare"]),
         "attach_ratio_median": ratio(pooled["off"], pooled["bare"]),
@@ -257,7 +276,8 @@ def main(argv=None) -> None:
         "edges_per_s": round(edges / seconds["on"], 1),
         "bytes_per_edge": round(size / edges, 1) if edges else None,
         "queries": {shape: {**summary(durations[(shape, "off")], durations[(shape, "on")]),
-                            "ratio_median_log_only": ratio(durations[(shape, "log")], durations[(shape, "off")])}
+                            "ratio_median_log_only": ratio(durations[(shape, "log")], durations[(shape, "off")]),
+                            "ratio_median_warmup": ratio(warmups[(shape, "on")], warmups[(shape, "off")])}
                     for shape in SHAPES},
         # The cost against the work: each shape's ratios at each batch size.
         "sizes": {shape: {str(n): {"median_ms_off": statistics.median(by_size[(shape, n, "off")]),

@@ -36,7 +36,9 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlencode
 
 HEADWATER = Path(sys.executable).with_name("headwater")
@@ -55,9 +57,17 @@ def demo_env(home: Path) -> dict:
     return env
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """``headwater demo`` run on a stack: what it printed, and how long it took (the stack's start left out)."""
+
+    stdout: str
+    seconds: float
+
+
 @contextmanager
-def demo_stack(home: Path):
-    """A stack on free ports in ``home`` with the demo run on it; yields its stdout. Stopped at the end."""
+def demo_stack(home: Path) -> Iterator[DemoRun]:
+    """A stack on free ports in ``home`` with the demo run on it. Stopped at the end."""
     from headwater.deploy.stack import free_port
 
     env = demo_env(home)
@@ -66,10 +76,12 @@ def demo_stack(home: Path):
     if up.returncode != 0:
         raise RuntimeError(f"headwater stack up failed: {up.stderr[-2000:]}")
     try:
+        started = time.monotonic()
         demo = _cli(home, env, "demo")
+        seconds = time.monotonic() - started
         if demo.returncode != 0:
             raise RuntimeError(f"headwater demo failed: {demo.stdout[-2000:]}{demo.stderr[-2000:]}")
-        yield demo.stdout
+        yield DemoRun(demo.stdout, seconds)
     finally:
         _cli(home, env, "stack", "down", timeout=120)
 
@@ -204,8 +216,8 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory(prefix="headwater-http-load-") as folder:
             home = Path(folder) / "home"
-            with demo_stack(home) as output:
-                result = measure(home, output, args.clients, args.heavy, args.seconds)
+            with demo_stack(home) as demo:
+                result = measure(home, demo.stdout, args.clients, args.heavy, args.seconds)
     print(json.dumps(result), flush=True)
 
 

@@ -200,10 +200,11 @@ def demo_run(stack):
 
 @pytest.fixture(scope="session")
 def demo_home(tmp_path_factory):
-    """``(home, output)``: a stack of its own on free ports with ``headwater demo`` run on it once, as a user
-    runs it (its stdout kept), shared by the explorer's and the HTTP load tests; stopped at the session's end."""
+    """``(home, run)``: a stack of its own on free ports with ``headwater demo`` run on it once, as a user
+    runs it (``run``: its stdout and seconds, ``bench.http_load.DemoRun``), shared by the demo's, the
+    explorer's and the HTTP load tests; stopped at the session's end."""
     from bench.http_load import demo_stack
 
     home = tmp_path_factory.mktemp("demo") / "home"
-    with demo_stack(home) as output:
-        yield home, output
+    with demo_stack(home) as run:
+        yield home, run

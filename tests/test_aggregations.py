@@ -1,8 +1,8 @@
 """Aggregations and deduplication: lineage of rows emitted across micro-batches.
 
 Events arrive in rounds; each round is read by one ``availableNow`` run of the same
-checkpointed query, so traced and untraced runs see the same micro-batches. Every
-output row also collects the ids of the events Spark aggregated into it, and the
+checkpointed query, traced and untraced alike over one topic, so both see the same
+micro-batches. Every output row also collects the ids of the events Spark aggregated into it, and the
 oracle checks those against a plain-Python recomputation (count, sum, min, max, the
 events of the group read so far) and then demands that the captured lineage be exactly
 the Kafka records of those ids. Late events, far behind the watermark, must appear in
@@ -79,26 +79,71 @@ QUERIES = {
 }
 
 
-def run(spark, config, tmp_path, tag, name, tracer=None):
-    """All rounds through query ``name``; returns (sink rows, id → Kafka coordinates)."""
-    topic = f"agg-{tag}"
-    ensure_topics(config.bootstrap, [topic], 1)
+def start(spark, config, workdir, name: str, topic: str, tracer=None):
+    """One ``availableNow`` run of query ``name`` over ``topic``, traced by ``tracer`` (named as the topic)
+    or not, into its sink (``workdir/sink-<topic>``, ``-untraced`` after it if untraced) from its checkpoint."""
     build, mode = QUERIES[name]
-    sink, checkpoint = str(tmp_path / f"sink-{tag}"), str(tmp_path / f"cp-{tag}")
+    label = topic if tracer is not None else f"{topic}-untraced"
+    sink, checkpoint = str(workdir / f"sink-{label}"), str(workdir / f"cp-{label}")
+    df = build(events_frame(spark, config.bootstrap, topic))
+    if tracer is not None:
+        writer = tracer.trace(df, name=topic).writeStream.format("parquet").option("path", sink)
+    else:
+        writer = df.writeStream.foreachBatch(
+            lambda batch, batch_id: batch.withColumn("_batch", F.lit(batch_id)).write.mode("append").parquet(sink))
+    return writer.outputMode(mode).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+
+
+def produce(config, topic: str, events: list[dict], coordinates: dict) -> None:
+    """``events`` into ``topic``; each one's Kafka coordinates into ``coordinates`` by id."""
+    placed = demo_data.produce(config.bootstrap, topic, [(None, json.dumps(e).encode()) for e in events])
+    coordinates.update({e["id"]: ("kafka", topic, p, o) for e, (p, o) in zip(events, placed)})
+
+
+def run(spark, config, workdir, name: str, topic: str, tracer=None) -> dict:
+    """All rounds through query ``name`` alone (``start``), each produced into ``topic`` then read by one
+    ``availableNow`` run; id → Kafka coordinates."""
+    ensure_topics(config.bootstrap, [topic], 1)
     coordinates = {}
-    for number, events in enumerate(rounds()):
-        placed = demo_data.produce(config.bootstrap, topic, [(None, json.dumps(e).encode()) for e in events])
-        coordinates.update({e["id"]: ("kafka", topic, p, o) for e, (p, o) in zip(events, placed)})
-        df = build(events_frame(spark, config.bootstrap, topic))
-        if tracer is not None:
-            writer = tracer.trace(df, name=f"agg-{tag}").writeStream.format("parquet").option("path", sink)
-        else:
-            writer = df.writeStream.foreachBatch(
-                lambda batch, batch_id: batch.withColumn("_batch", F.lit(batch_id)).write.mode("append").parquet(sink))
-        query = writer.outputMode(mode).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    for events in rounds():
+        produce(config, topic, events, coordinates)
+        query = start(spark, config, workdir, name, topic, tracer)
         query.awaitTermination(120)
         assert query.exception() is None, query.exception()
-    return spark.read.parquet(sink).collect(), coordinates
+    return coordinates
+
+
+@pytest.fixture(scope="module")
+def aggregated(spark, stack_config, tmp_path_factory):
+    """Every query traced and untraced through all rounds: each round produced into each query's topic,
+    then read by one ``availableNow`` run of all of them at once (their batches interleave, which saves
+    the suite minutes), then indexed once. ``(config, {name: (traced rows, untraced rows, id → Kafka
+    coordinates)})``."""
+    config, tag = own_topics(stack_config, "agg")
+    workdir = tmp_path_factory.mktemp("agg")
+    topics = {name: f"agg-{tag}-{name}" for name in QUERIES}
+    ensure_topics(config.bootstrap, list(topics.values()), 1)
+    coordinates: dict = {name: {} for name in QUERIES}
+    tracer = attach(spark, config)
+    runs = []
+    try:
+        for events in rounds():
+            runs.clear()
+            for name, topic in topics.items():
+                produce(config, topic, events, coordinates[name])
+                runs += [start(spark, config, workdir, name, topic, tracer), start(spark, config, workdir, name, topic)]
+            for query in runs:
+                query.awaitTermination(120)
+                assert query.exception() is None, query.exception()
+    finally:
+        for query in runs:
+            if query.isActive:
+                query.stop()
+        tracer.close()
+    index(config)
+    return config, {name: (spark.read.parquet(str(workdir / f"sink-{topic}")).collect(),
+                           spark.read.parquet(str(workdir / f"sink-{topic}-untraced")).collect(),
+                           coordinates[name]) for name, topic in topics.items()}
 
 
 def check_against_events(name: str, rows) -> None:
@@ -126,14 +171,9 @@ def check_against_events(name: str, rows) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))
-def test_aggregate_lineage_equals_the_oracle(spark, stack_config, tmp_path, name):
-    config, tag = own_topics(stack_config, "agg")
-    tracer = attach(spark, config)
-    try:
-        traced, coordinates = run(spark, config, tmp_path, tag, name, tracer)
-    finally:
-        tracer.close()
-    plain, _ = run(spark, config, tmp_path, tag + "p", name)
+def test_aggregate_lineage_equals_the_oracle(aggregated, name):
+    config, runs = aggregated
+    traced, plain, coordinates = runs[name]
 
     def content(row):
         values = row.asDict(recursive=True)
@@ -145,7 +185,6 @@ def test_aggregate_lineage_equals_the_oracle(spark, stack_config, tmp_path, name
     rows = [r.asDict(recursive=True) for r in traced]
     check_against_events(name, rows)
 
-    index(config)
     outputs_of: dict = {}
     with LineageClient(config) as client:
         for row in rows:
@@ -162,4 +201,4 @@ def test_aggregate_lineage_equals_the_oracle(spark, stack_config, tmp_path, name
             answer = client.forward(kafka_rid(topic, partition, offset))
             assert {x.rid for x in answer} == outputs_of.get(event_id, set()), event_id
             if event_id not in outputs_of:
-                assert answer.complete and [(g.query, g.status) for g in answer.read_by] == [(f"agg-{tag}", "full")]
+                assert answer.complete and [(g.query, g.status) for g in answer.read_by] == [(topic, "full")]

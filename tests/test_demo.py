@@ -1,32 +1,13 @@
-"""The README's demo command, run as a user would, on a stack of its own."""
+"""The README's demo command, run as a user would, on a stack of its own (``conftest.demo_home``, which the
+explorer's and the HTTP load tests share: ``headwater stack up`` on free ports, then ``headwater demo``)."""
 
 import json
-import subprocess
-import sys
-import time
-
-from headwater.deploy.stack import free_port
 
 
-def test_demo_runs_end_to_end_in_under_three_minutes_and_prints_lineage(tmp_path):
-    home = tmp_path / "home"
-
-    def cli(*args, timeout=300):
-        return subprocess.run([sys.executable, "-m", "headwater.cli", "--home", str(home), *args],
-                              capture_output=True, text=True, timeout=timeout)
-
-    up = cli("stack", "up", "--broker-port", str(free_port()), "--bolt-port", str(free_port()),
-             "--http-port", str(free_port()), "--query-port", str(free_port()))
-    assert up.returncode == 0, up.stderr
-    try:
-        started = time.monotonic()
-        demo = cli("demo")
-        elapsed = time.monotonic() - started
-    finally:
-        cli("stack", "down")
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert elapsed < 180, f"demo took {elapsed:.0f}s"
-    out = demo.stdout
+def test_demo_runs_end_to_end_in_under_three_minutes_and_prints_lineage(demo_home):
+    _, run = demo_home
+    assert run.seconds < 180, f"demo took {run.seconds:.0f}s"
+    out = run.stdout
     assert "batch 0:" in out and "indexed" in out
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     answers = [x for x in lines if "summary" not in x]

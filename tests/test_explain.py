@@ -301,14 +301,14 @@ def run(spark, stack_config, tmp_path_factory):
                            max_per_batch=80)
     tracer = attach(spark, config)
     try:
-        run_aggregation(spark, config, workdir, tag, "tumbling_append", tracer)
+        run_aggregation(spark, config, workdir, "tumbling_append", f"agg-{tag}", tracer)
     finally:
         tracer.close()
     index(config)
     # The session's graph holds other tests' customers tables too: this run's, named apart by its folder.
     customers = f"customers@{workdir.name}/customers.parquet"
     return SimpleNamespace(config=config, tag=tag, topic=topic, coordinates=coordinates, sink=sink, customers=customers,
-                           window=f"agg-{tag}", window_sink=str(workdir / f"sink-{tag}"),
+                           window=f"agg-{tag}", window_sink=str(workdir / f"sink-agg-{tag}"),
                            window_topic=f"agg-{tag}")
 
 

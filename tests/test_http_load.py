@@ -13,8 +13,8 @@ P99_MS = 150.0
 
 
 def test_eight_clients_without_error_and_the_limit_under_many(demo_home):
-    home, output = demo_home
-    result = measure(home, output, clients=CLIENTS, heavy=64, seconds=8.0)
+    home, run = demo_home
+    result = measure(home, run.stdout, clients=CLIENTS, heavy=64, seconds=8.0)
     print(json.dumps(result))
     light, heavy = result["light"], result["heavy"]
     assert light["errors"] == 0 and light["statuses"] == {"200": light["requests"]}, light

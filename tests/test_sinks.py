@@ -75,14 +75,16 @@ def stream(spark, env):
 
 @contextlib.contextmanager
 def fail_after_write(sink_class, batch: int = FAULT_BATCH):
-    """Fault injection: the first write of batch ``batch`` to a sink of ``sink_class``
-    completes, then raises, as a driver dying between the write and Spark's commit would."""
+    """Fault injection: the first write of batch ``batch`` to each sink of ``sink_class`` (each query's
+    own) completes, then raises, as a driver dying between the write and Spark's commit would; yields
+    the batches it fired at, one per sink."""
     original = sink_class.write
-    fired = []
+    fired, sinks = [], set()
 
     def write(self, df, batch_id):
         original(self, df, batch_id)
-        if batch_id == batch and not fired:
+        if batch_id == batch and id(self) not in sinks:
+            sinks.add(id(self))
             fired.append(batch_id)
             raise InjectedFault(f"after the write of batch {batch_id}")
 

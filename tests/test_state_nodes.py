@@ -23,6 +23,7 @@ publish the same edges both times.
 from __future__ import annotations
 
 import json
+import uuid
 from collections import defaultdict
 
 import pytest
@@ -138,10 +139,9 @@ class Stream:
     """One traced stream of its own (topic, log and edges topics, sink, checkpoint), started as often as a
     test needs on one checkpoint; ``read`` the batch that read each record, ``coordinates`` each event's."""
 
-    def __init__(self, spark, stack_config, tmp_path, prefix: str):
-        self.spark = spark
-        self.config, tag = own_topics(stack_config, prefix)
-        self.topic = self.name = f"{prefix}-{tag}"
+    def __init__(self, spark, config, tmp_path, prefix: str):
+        self.spark, self.config = spark, config
+        self.topic = self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         ensure_topics(self.config.bootstrap, [self.topic], 1)
         self.sink, self.checkpoint = str(tmp_path / "sink"), str(tmp_path / "cp")
         self.read: dict = {}
@@ -165,7 +165,10 @@ class Stream:
     def run(self, tracer, build, mode: str = "update") -> set[int]:
         """Start the stream, let it read every record produced so far, stop it between triggers; returns
         the batches it ran (with those that read nothing: Spark runs one when the watermark moves)."""
-        query = self.start(tracer, build, mode)
+        return self.finish(self.start(tracer, build, mode))
+
+    def finish(self, query) -> set[int]:
+        """``run``'s end: the started ``query`` reads every record produced so far and is stopped."""
         read_all(query, max(o for _, _, _, o in self.coordinates.values()), self.topic)
         self.read.update(records_read(query))
         return {p.batchId for p in query.recentProgress}
@@ -199,27 +202,52 @@ def group_of(row: dict) -> tuple:
             None if window is None else int(window["end"].timestamp()) - BASE)
 
 
+@pytest.fixture(scope="module")
+def long_streams(spark, stack_config, tmp_path_factory):
+    """Every shape's stream at once (three queries whose batches interleave, which saves the suite minutes;
+    one tracer, a topic each), run three times on its checkpoint as the module says: the first half; the
+    second half with a fault after the sink write of ``FAULT_BATCH`` (each query fails there once); again
+    from the checkpoint. ``{shape: Stream}``."""
+    config = own_topics(stack_config, "sn")[0]
+    streams = {shape: Stream(spark, config, tmp_path_factory.mktemp(f"sn-{shape}"), "sn") for shape in SHAPES}
+    rows = events()
+    half = len(rows) // 2
+    tracer = attach(spark, config)
+    started = []
+
+    def start_all() -> dict:
+        queries = {shape: stream.start(tracer, build_of(shape)) for shape, stream in streams.items()}
+        started.extend(queries.values())
+        return queries
+
+    try:
+        for stream in streams.values():
+            stream.produce(rows[:half])
+        for shape, query in start_all().items():
+            streams[shape].finish(query)
+        for stream in streams.values():
+            stream.produce(rows[half:])
+        with fail_after_write(FileSink, FAULT_BATCH) as fired:
+            for shape, query in start_all().items():
+                with pytest.raises(StreamingQueryException, match="InjectedFault|after the write"):
+                    query.awaitTermination(300)
+                streams[shape].read.update(records_read(query))
+        assert fired == [FAULT_BATCH] * len(SHAPES)
+        for shape, query in start_all().items():
+            streams[shape].finish(query)
+    finally:
+        for query in started:
+            if query.isActive:
+                query.stop()
+        tracer.close()
+    return streams
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_state_nodes_over_a_long_stream_equal_the_oracle(spark, stack_config, tmp_path, shape):
-    stream = Stream(spark, stack_config, tmp_path, "sn")
+def test_state_nodes_over_a_long_stream_equal_the_oracle(long_streams, shape):
+    stream = long_streams[shape]
     config, name, coordinates = stream.config, stream.name, stream.coordinates
     rows = events()
-    tracer = attach(spark, config)
-    half = len(rows) // 2
-    try:
-        stream.produce(rows[:half])
-        stream.run(tracer, build_of(shape))
-        stream.produce(rows[half:])
-        with fail_after_write(FileSink, FAULT_BATCH) as fired:
-            query = stream.start(tracer, build_of(shape))
-            with pytest.raises(StreamingQueryException, match="InjectedFault|after the write"):
-                query.awaitTermination(300)
-        stream.read.update(records_read(query))
-        assert fired == [FAULT_BATCH]
-        stream.run(tracer, build_of(shape))
-    finally:
-        tracer.close()
-
     batch_of = stream.batch_of(rows)
     assert len(set(batch_of.values())) >= 30
     emitted, entering = oracle(shape, rows, batch_of)
@@ -288,7 +316,7 @@ def test_an_aggregate_of_an_aggregate_links_node_to_node_once_and_equals_the_ora
     """The second aggregate's input rows are the first's emitted groups: each links its first-level state
     node to its second-level one once, in the batch the first emits it; the walk's time rule then gives
     every output exactly the rows its 10-s windows took (late rows dropped by the first), over a restart."""
-    stream = Stream(spark, stack_config, tmp_path, "chain")
+    stream = Stream(spark, own_topics(stack_config, "chain")[0], tmp_path, "chain")
     rows = events()
     tracer = attach(spark, stream.config)
     try:
@@ -360,7 +388,7 @@ def test_a_group_fed_by_a_batch_not_captured_names_it_as_a_gap(spark, stack_conf
     published is still exactly the oracle's; answers that no such batch touches stay complete and exact.
     A record an uncaptured batch read is a clear error forward (query/README: which groups it entered
     is not inferred yet)."""
-    stream = Stream(spark, stack_config, tmp_path, "gap")
+    stream = Stream(spark, own_topics(stack_config, "gap")[0], tmp_path, "gap")
     rows = events()
     thirds = [rows[:len(rows) // 3], rows[len(rows) // 3:2 * len(rows) // 3], rows[2 * len(rows) // 3:]]
     build = build_of("keyed_update")
