@@ -78,8 +78,7 @@ def log_only_run(home: str, orders: int = 300) -> None:
 @pytest.fixture(scope="module")
 def demo(demo_home):
     """The demo's stack with the demo and the log-only run on it, and ``headwater serve`` over it."""
-    home, run = demo_home
-    output = run.stdout
+    home, output = demo_home[0], demo_home[1].stdout
     run = f"from tests.test_explorer import log_only_run; log_only_run({str(home)!r})"
     done = subprocess.run([sys.executable, "-c", run], cwd=ROOT, env=demo_env(home), capture_output=True,
                           text=True, timeout=400)

@@ -136,8 +136,9 @@ def edges_published(config) -> list[tuple[bytes, dict]]:
 
 
 class Stream:
-    """One traced stream of its own (topic, log and edges topics, sink, checkpoint), started as often as a
-    test needs on one checkpoint; ``read`` the batch that read each record, ``coordinates`` each event's."""
+    """One traced stream (a topic, sink and checkpoint of its own; the log and edges topics of ``config``),
+    started as often as a test needs on one checkpoint; ``read`` the batch that read each record,
+    ``coordinates`` each event's."""
 
     def __init__(self, spark, config, tmp_path, prefix: str):
         self.spark, self.config = spark, config
