@@ -21,13 +21,16 @@ warming and a mode's leftovers, such as its garbage, fall on every mode alike):
 
 Batch durations are Spark's (``triggerExecution``) of the ``--batches`` after each run's
 warm-up: a stream's cost once it runs, as one that runs for months pays it. A new query's first
-batches are where the JVM compiles its code paths, the traced ones more of them (capture/README:
-"The hot path"); ``ratio_median_warmup`` (and per query) reports them apart, the first batch left
-out. ``ratio_*`` is on over off, pooled over the three queries (per query in ``queries``);
-``ratio_median_log_only`` is log over off; ``attach_ratio_median`` is off over bare: what
-attaching costs a job that is not traced. ``*_ms_per_batch`` say where a traced batch's time
-goes: the JVM job listener's job time of the user's plan and of capture's own jobs, and
-capture's time inside the user's tasks (summed over tasks).
+batches are where the JVM compiles its code paths, the traced ones more of them and for longer
+(capture/README: "Overhead, measured"); ``ratio_median_warmup`` (and per query) reports them
+apart, the first batch left out. ``ratio_*`` is on over off, pooled over the three queries (per
+query in ``queries``); ``ratio_median_log_only`` is log over off; ``attach_ratio_median`` is off
+over bare: what attaching costs a job that is not traced. ``ratio_median_paired`` (and
+``_log_only_paired``) is the median of each round's traced run over its untraced run of the same
+shape, and ``noise_bare_over_off`` the range of bare over off a round: the same work but for
+attaching, so how far the machine moves one run. ``*_ms_per_batch`` say where a traced
+batch's time goes: the JVM job listener's job time of the user's plan and of capture's own jobs,
+and capture's time inside the user's tasks (summed over tasks).
 
 ``sizes`` shows how the cost grows with the work: each shape again at every ``--sizes``
 batch size (``--size-rounds`` rounds, modes off, on and log; the same trigger interval, so
@@ -152,11 +155,16 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
                  .trigger(processingTime=f"{interval_ms} milliseconds").start(str(workdir / f"sink-{tag}")))
         started = time.monotonic()
         wanted = args.warmup_batches + args.batches
-        try:
+
+        def done() -> bool:
             # The last progress only while waiting: all of them, asked every 0.2 s, cost the driver's
             # Python more CPU as the run grows, beside the stream measured.
-            while (query.lastProgress is None or query.lastProgress.batchId + 1 < wanted
-                   or len([p for p in query.recentProgress if p.numInputRows]) < wanted):
+            last = query.lastProgress
+            return last is not None and last.batchId + 1 >= wanted \
+                and len([p for p in query.recentProgress if p.numInputRows]) >= wanted
+
+        try:
+            while not done():
                 if query.exception():
                     raise RuntimeError(f"{shape} failed: {query.exception()}")
                 time.sleep(0.2)
@@ -199,6 +207,7 @@ def main(argv=None) -> None:
     say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     durations = {(shape, mode): [] for shape in SHAPES for mode in MODES}
     warmups = {(shape, mode): [] for shape in SHAPES for mode in MODES}
+    run_medians = {(shape, mode): [] for shape in SHAPES for mode in MODES}  # one a round
     by_size = {(shape, size, mode): [] for shape in SHAPES for size in sizes for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)
     once: dict[str, list[float]] = {"trace_ms": [], "optimized_plan_ms": []}
@@ -212,6 +221,7 @@ def main(argv=None) -> None:
                     if round_ >= 0:
                         durations[(shape, mode)].extend(got)
                         warmups[(shape, mode)].extend(warm)
+                        run_medians[(shape, mode)].append(statistics.median(got))
                         seconds[mode] += elapsed
                         for name, ms in costs.items():
                             once[name].append(ms)
@@ -240,10 +250,15 @@ def main(argv=None) -> None:
     user_jobs = total("headwater_capture_job_seconds_total", part="user")
     capture_tasks = total("headwater_capture_task_seconds_total")
     pooled = {mode: [d for shape in SHAPES for d in durations[(shape, mode)]] for mode in MODES}
+    pooled_warmup = {mode: [d for shape in SHAPES for d in warmups[(shape, mode)]] for mode in MODES}
     traced_batches = total("headwater_capture_batches_total", status="full") or 1
 
     def ratio(a: list[float], b: list[float]) -> float | None:
         return round(statistics.median(a) / statistics.median(b), 3) if a and b else None
+
+    def by_round(mode: str, base: str = "off") -> list[float]:
+        """Each shape's run median in ``mode`` over its run in ``base`` of the same round."""
+        return [a / b for shape in SHAPES for a, b in zip(run_medians[(shape, mode)], run_medians[(shape, base)])]
 
     result = {
         "bench": "capture_overhead",
@@ -255,13 +270,17 @@ def main(argv=None) -> None:
         "ratio_median_log_only": ratio(pooled["log"], pooled["off"]),
         # A new query's first batches (the first left out), apart: the JVM compiles its code paths then.
         "warmup_batches": args.warmup_batches,
-        "ratio_median_warmup": ratio([d for shape in SHAPES for d in warmups[(shape, "on")]],
-                                     [d for shape in SHAPES for d in warmups[(shape, "off")]]),
-        "ratio_median_log_only_warmup": ratio([d for shape in SHAPES for d in warmups[(shape, "log")]],
-                                              [d for shape in SHAPES for d in warmups[(shape, "off")]]),
+        "ratio_median_warmup": ratio(pooled_warmup["on"], pooled_warmup["off"]),
+        "ratio_median_log_only_warmup": ratio(pooled_warmup["log"], pooled_warmup["off"]),
         "median_ms_log_only": statistics.median(pooled["log"]),
         "median_ms_bare": statistics.median(pooled["bare"]),
         "attach_ratio_median": ratio(pooled["off"], pooled["bare"]),
+        # The bench's own noise beside the bar: a round's traced run over its untraced run of the
+        # same shape, the median of those; and the range of bare over off, which differ by
+        # attaching alone (attach_ratio_median about 1), so its spread is what the machine moves a run.
+        "ratio_median_paired": round(statistics.median(by_round("on")), 3),
+        "ratio_median_log_only_paired": round(statistics.median(by_round("log")), 3),
+        "noise_bare_over_off": [round(min(by_round("bare")), 3), round(max(by_round("bare")), 3)],
         # Where the traced batches' time went, per batch: jobs of the user's plan (with the
         # sink write, where lineage rides), capture's own jobs, capture's time inside tasks.
         "user_job_ms_per_batch": round(1000 * user_jobs / traced_batches, 1),

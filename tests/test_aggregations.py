@@ -79,12 +79,17 @@ QUERIES = {
 }
 
 
+def sink_of(workdir, topic: str, traced: bool = True) -> str:
+    """The sink of the query over ``topic``, traced or not, in ``workdir``."""
+    return str(workdir / f"sink-{topic}{'' if traced else '-untraced'}")
+
+
 def start(spark, config, workdir, name: str, topic: str, tracer=None):
     """One ``availableNow`` run of query ``name`` over ``topic``, traced by ``tracer`` (named as the topic)
-    or not, into its sink (``workdir/sink-<topic>``, ``-untraced`` after it if untraced) from its checkpoint."""
+    or not, into its sink (``sink_of``) from its checkpoint beside it."""
     build, mode = QUERIES[name]
-    label = topic if tracer is not None else f"{topic}-untraced"
-    sink, checkpoint = str(workdir / f"sink-{label}"), str(workdir / f"cp-{label}")
+    sink = sink_of(workdir, topic, tracer is not None)
+    checkpoint = f"{sink}-checkpoint"
     df = build(events_frame(spark, config.bootstrap, topic))
     if tracer is not None:
         writer = tracer.trace(df, name=topic).writeStream.format("parquet").option("path", sink)
@@ -141,8 +146,8 @@ def aggregated(spark, stack_config, tmp_path_factory):
                 query.stop()
         tracer.close()
     index(config)
-    return config, {name: (spark.read.parquet(str(workdir / f"sink-{topic}")).collect(),
-                           spark.read.parquet(str(workdir / f"sink-{topic}-untraced")).collect(),
+    return config, {name: (spark.read.parquet(sink_of(workdir, topic)).collect(),
+                           spark.read.parquet(sink_of(workdir, topic, traced=False)).collect(),
                            coordinates[name]) for name, topic in topics.items()}
 
 

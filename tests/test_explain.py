@@ -289,7 +289,7 @@ def run(spark, stack_config, tmp_path_factory):
     from headwater.demo.run import end_offsets, run_pipeline
 
     from .conftest import index, own_topics
-    from .test_aggregations import run as run_aggregation
+    from .test_aggregations import run as run_aggregation, sink_of
 
     config, tag = own_topics(stack_config, "explain")
     topic = f"orders-{tag}"
@@ -308,7 +308,7 @@ def run(spark, stack_config, tmp_path_factory):
     # The session's graph holds other tests' customers tables too: this run's, named apart by its folder.
     customers = f"customers@{workdir.name}/customers.parquet"
     return SimpleNamespace(config=config, tag=tag, topic=topic, coordinates=coordinates, sink=sink, customers=customers,
-                           window=f"agg-{tag}", window_sink=str(workdir / f"sink-agg-{tag}"),
+                           window=f"agg-{tag}", window_sink=sink_of(workdir, f"agg-{tag}"),
                            window_topic=f"agg-{tag}")
 
 
