@@ -260,6 +260,7 @@ def main(argv=None) -> None:
         """Each shape's run median in ``mode`` over its run in ``base`` of the same round."""
         return [a / b for shape in SHAPES for a, b in zip(run_medians[(shape, mode)], run_medians[(shape, base)])]
 
+    bare_over_off = by_round("bare")
     result = {
         "bench": "capture_overhead",
         "stream": "reference: demo shape, 5 s windowed aggregation, stream-stream join (rate-micro-batch)",
@@ -280,7 +281,7 @@ def main(argv=None) -> None:
         # attaching alone (attach_ratio_median about 1), so its spread is what the machine moves a run.
         "ratio_median_paired": round(statistics.median(by_round("on")), 3),
         "ratio_median_log_only_paired": round(statistics.median(by_round("log")), 3),
-        "noise_bare_over_off": [round(min(by_round("bare")), 3), round(max(by_round("bare")), 3)],
+        "noise_bare_over_off": [round(min(bare_over_off), 3), round(max(bare_over_off), 3)],
         # Where the traced batches' time went, per batch: jobs of the user's plan (with the
         # sink write, where lineage rides), capture's own jobs, capture's time inside tasks.
         "user_job_ms_per_batch": round(1000 * user_jobs / traced_batches, 1),
