@@ -17,7 +17,8 @@ warming and a mode's leftovers, such as its garbage, fall on every mode alike):
 - ``bare``: no headwater at all;
 - ``off``: ``attach`` done (listeners registered), the query not traced;
 - ``on``: the query traced;
-- ``log``: the query traced with ``capture="log-only"`` (rids and the batch log, no edges).
+- ``log``: the query traced with ``capture="log-only"`` (rids and the batch log, no edges;
+  Spark's own file sink query, no per-batch hook).
 
 Batch durations are Spark's (``triggerExecution``) of the ``--batches`` after each run's
 warm-up: a stream's cost once it runs, as one that runs for months pays it. A new query's first

@@ -3,7 +3,8 @@
 ``trace`` wraps only the user's final DataFrame. Its ``.writeStream`` mirrors
 ``DataStreamWriter``; ``start()`` runs the rid-threaded plan as a ``foreachBatch``
 query whose per-batch hook writes the user's rows (plus ``_hw_rid``) to the user's
-sink and publishes the batch's lineage from the executors.
+sink and publishes the batch's lineage from the executors; with ``capture="log-only"``
+and a file sink in append mode, as Spark's own file sink query, with no hook (``log_only.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Tracer:
         self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
         self._query_ids: dict[str, str | None] = {}  # Spark query id → traced query name (None: untraced)
+        self._logged: dict = {}  # traced query name → its ``log_only.LoggedBatches``, where Spark writes the sink
         self._listener = ProgressListener(spark, self.journals.progress(), self._queries.get, self.publish_log,
                                           self._observe_progress)
         self._job_times = JobTimes(spark, self.journals.job_times())
@@ -120,7 +122,20 @@ class Tracer:
             self._query_ids[spark_id] = self._queries.get(active.name) if active is not None else None
         return self._query_ids[spark_id]
 
+    def log_batches(self, traced_name: str, batches) -> None:
+        """Have ``batches`` (a ``log_only.LoggedBatches``) publish the capture records of a traced query
+        whose sink Spark writes with no hook, from its progress."""
+        self._logged[traced_name] = batches
+
     def _observe_progress(self, record: dict) -> None:
+        """Sees each progress record of a traced query before it is published: its listener lag, and
+        the capture record of a query whose sink Spark writes, queued ahead of the progress record."""
+        batches = self._logged.get(record["query"])
+        if batches is not None:
+            try:  # a capture record that cannot be made costs that record, not the progress record
+                batches.ran(record)
+            except Exception:
+                log.exception("the capture record of %s's batch %s is lost", record["query"], record.get("batch"))
         batch_ms = record["durations_ms"].get("triggerExecution")
         if batch_ms is not None and record.get("at"):
             started = dt.datetime.fromisoformat(record["at"].replace("Z", "+00:00"))
@@ -393,7 +408,7 @@ class BatchHook:
         capture = plan.level != LOG_ONLY
         latest = self.sink.latest_batch()
         if latest > batch_id:
-            self._refuse(batch_id, versions, started)
+            self.refuse(batch_id, versions, round(time.monotonic() - started, 3))
             return
         # An earlier attempt wrote the batch and Spark's commit did not follow: the sink keeps
         # what it holds, and the lineage is journaled again (rids and edges are idempotent).
@@ -451,7 +466,7 @@ class BatchHook:
         if written:
             extra["sink_written_before"] = True
         self.traced.tracer.publish_log(
-            LOG_BATCH, later=functools.partial(self._files, batch_id), query=self.traced.name, batch=batch_id,
+            LOG_BATCH, later=functools.partial(self.files, batch_id), query=self.traced.name, batch=batch_id,
             status=status, seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3),
             **extra, **stats, tables=versions,
         )
@@ -474,7 +489,7 @@ class BatchHook:
             stats["error"] = "; ".join(errors)[:500]
         return stats
 
-    def _files(self, batch_id: int) -> dict:
+    def files(self, batch_id: int) -> dict:
         """The files the batch added to the sink, read by the tracer's thread once the sink has
         committed the batch; a failure to read its log costs the batch's log entry that list."""
         try:
@@ -485,7 +500,7 @@ class BatchHook:
             return {}
         return {} if files is None else {"sink_files": files}
 
-    def _refuse(self, batch_id: int, versions: dict, started: float) -> None:
+    def refuse(self, batch_id: int, versions: dict, seconds: float) -> None:
         """A sink whose own log holds batches after this one belongs to another run (a new
         checkpoint over an old sink path): Spark's sink skips the batch, untraced too, so
         nothing is written and no lineage published; the batch is logged ``failed``, saying so."""
@@ -495,7 +510,7 @@ class BatchHook:
         metrics.record_batch(self.traced.name, "failed", {}, 0.0)
         self.traced.tracer.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status="failed",
-            seconds=round(time.monotonic() - started, 3), capture_seconds=0.0, error=error, tables=versions)
+            seconds=seconds, capture_seconds=0.0, error=error, tables=versions)
 
     def _setting(self, batch_id: int, query_id: str | None, plan: Plan) -> Setting:
         """The batch's setting for the journal filters of its tasks (``journal.Setting``). ``query_id``: the

@@ -2,7 +2,8 @@
 
 Every method of PySpark's ``DataStreamWriter`` is here with its arguments and checks; the
 settings name the user's sink, which ``start()``/``toTable()`` open as Spark would
-(``capture.sinks``) before the traced query runs as a ``foreachBatch`` query. What
+(``capture.sinks``) before the traced query runs as a ``foreachBatch`` query (or, log-only
+into a file sink, as Spark's file sink query: ``log_only.py``). What
 headwater cannot honour (a continuous trigger, a sink it cannot write as Spark would)
 fails at ``start()`` with a ``SinkError`` that names it.
 """
@@ -19,7 +20,7 @@ from headwater.core import signing
 from headwater.core.plan import column_lineage
 from headwater.core.schema import LOG_PLAN
 
-from . import checkpoint, metrics
+from . import checkpoint, log_only, metrics
 from .rewrite import RID_COLUMN
 from .sinks import CONTINUOUS_TRIGGERS, FOREACH, FOREACH_BATCH, MEMORY, CONSOLE, NOOP, SinkError, SinkSpec, \
     open_sink, option
@@ -136,11 +137,17 @@ class TracedWriter:
         hook = BatchHook(traced, spec)
         metrics.OVERHEAD_BUDGET.labels(traced.name).set(traced.tracer.config.overhead_budget)
         hook.sink = open_sink(spark, spec, schema, self._output_mode)
-        writer = hook.frame.writeStream.foreachBatch(hook).outputMode(self._output_mode)
+        if log_only.spark_writes(hook.log_only, spec, hook.sink, self._output_mode, traced.threaded.black_boxes):
+            logged = log_only.LoggedBatches(hook, hook.sink.latest_batch())
+            writer = log_only.writer(hook, spec, self._output_mode)
+        else:
+            logged = None
+            writer = hook.frame.writeStream.foreachBatch(hook).outputMode(self._output_mode)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         writer = writer.queryName(query_name)
         traced.tracer.name_query(query_name, traced.name)
+        traced.tracer.log_batches(traced.name, logged)
         if self._checkpoint:
             writer = writer.option("checkpointLocation", self._checkpoint)
         ir = traced.threaded.ir

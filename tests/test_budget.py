@@ -1,5 +1,8 @@
 """The overhead budget: its controller batch by batch (pure logic), and on a live stream."""
 
+import os
+import time
+
 import pytest
 
 from headwater.capture.budget import FULL, LOG_ONLY, MIN_FRACTION, SAMPLED, OverheadBudget, Plan
@@ -168,3 +171,76 @@ def test_capture_log_only_logs_every_batch_and_publishes_no_edges(spark, stack_c
     assert sorted(r.id for r in sink) == [n * 100 + i for n in range(2) for i in range(50)]
     assert all(r._hw_rid is not None for r in sink)
     assert graph_edges(config, name) == []
+
+
+def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_rids(spark, stack_config, tmp_path):
+    """Log-only into a file sink in append mode: Spark's file sink writes the query (no foreachBatch, no
+    per-batch hook), each row's ``_hw_rid`` is the rid full capture's hook gives the same row of the same
+    batch, and each batch's capture record comes from its progress: ``log-only``, with the files it wrote;
+    a batch run again after its write (the commit lost) says ``sink_written_before``; a new checkpoint over
+    the sink logs the batches Spark's sink skips ``failed``, as the hook says them."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from headwater.capture import attach
+    from headwater.core.schema import LOG_BATCH
+
+    from .conftest import own_topics, read_log, stop_when_idle
+
+    config, tag = own_topics(stack_config, "logsink")
+    name, sink = f"logsink-{tag}", tmp_path / "sink"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for number in range(3):
+        pq.write_table(pa.Table.from_pylist([{"id": number * 100 + i, "v": i % 7} for i in range(40)]),
+                       folder / f"part-{number}.parquet")
+        os.utime(folder / f"part-{number}.parquet", (1_000_000 + number, 1_000_000 + number))
+
+    def run(capture: str, checkpoint: str, batches: int):
+        """Run the query until it has run batch ``batches - 1``."""
+        tracer = attach(spark, config, capture=capture)
+        try:
+            source = spark.readStream.schema("id long, v long").option("maxFilesPerTrigger", 1).parquet(str(folder))
+            query = (tracer.trace(source.where("v < 6"), name=name).writeStream.format("parquet")
+                     .option("checkpointLocation", str(tmp_path / checkpoint)).start(str(sink)))
+            try:  # a batch whose rows Spark's sink skips reads none: wait for the batch ids
+                deadline = time.monotonic() + 120
+                while not any(p.batchId == batches - 1 and "addBatch" in p.durationMs for p in query.recentProgress):
+                    assert query.exception() is None and time.monotonic() < deadline, query.exception()
+                    time.sleep(0.2)
+            finally:
+                stop_when_idle(query)
+        finally:
+            tracer.close()
+        return query
+
+    def rids() -> dict[int, int]:
+        return {r.id: r._hw_rid for r in spark.read.parquet(str(sink)).collect()}
+
+    query = run("full", "cp-full", 3)
+    assert query.lastProgress.sink.description.startswith("ForeachBatchSink")
+    by_hook = rids()
+    shutil.rmtree(sink)
+    query = run("log-only", "cp-log", 3)
+    assert query.lastProgress.sink.description.startswith("FileSink")
+    assert rids() == by_hook and len(set(by_hook.values())) == len(by_hook) == 3 * 35  # v = 6 filtered out
+
+    # Batch 2 again, as after a driver died between the sink's write and Spark's commit.
+    for commit in ("2", ".2.crc"):
+        (tmp_path / "cp-log" / "commits" / commit).unlink()
+    run("log-only", "cp-log", 3)
+    assert rids() == by_hook  # Spark's sink skipped the batch its log holds
+    # Another run's checkpoint over the sink: Spark's sink skips batches 0 and 1 (its log holds them) and 2.
+    run("log-only", "cp-other", 3)
+    assert rids() == by_hook
+
+    records = [r for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == name]
+    logged = records[3:]  # after full capture's three
+    assert [(r["batch"], r["status"]) for r in logged[:4]] == [(0, LOG_ONLY), (1, LOG_ONLY), (2, LOG_ONLY),
+                                                               (2, LOG_ONLY)]
+    assert [r.get("sink_written_before") for r in logged[:4]] == [None, None, None, True]
+    assert all(r["sink_files"] and r["capture_seconds"] == 0.0 for r in logged[:3])
+    assert [(r["batch"], r["status"]) for r in logged[4:]] == [(0, "failed"), (1, "failed"), (2, LOG_ONLY)]
+    assert "written by another run" in logged[4]["error"] and logged[6]["sink_written_before"] is True

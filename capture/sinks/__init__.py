@@ -1,7 +1,8 @@
 """The user's sink, written one micro-batch at a time, the way Spark writes it untraced.
 
 A traced query runs as a ``foreachBatch`` query (its hook needs each batch's rows and
-id), so the sink the user asked for is written here, and wherever Spark has code for
+id; but for log-only capture into a file sink, which Spark writes itself: ``log_only.py``),
+so the sink the user asked for is written here, and wherever Spark has code for
 it, by that code: a file sink is Spark's own ``FileStreamSink``, with its ``_spark_metadata``
 commit log, so a retried batch is written once and readers see committed batches only.
 

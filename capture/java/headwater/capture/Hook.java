@@ -1,14 +1,28 @@
 package headwater.capture;
 
+import java.io.Serializable;
+import java.util.List;
 import java.util.NoSuchElementException;
+import java.util.function.Supplier;
+import org.apache.spark.TaskContext;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.Literal;
+import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
+import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.execution.streaming.runtime.IncrementalExecution;
+import org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution;
 import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.streaming.StreamingQuery;
+import org.apache.spark.sql.types.AbstractDataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.ObjectType;
+import org.apache.spark.unsafe.types.UTF8String;
+import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * The JVM half of one traced query's per-batch hook ({@code tracer.BatchHook}): what the hook asks of Spark
@@ -41,6 +55,57 @@ public final class Hook {
      * (a journal's column) unless it is null. */
     public Dataset<Row> sinkRows(Dataset<Row> rows, Column journal) {
         return (journal == null ? rows : rows.where(journal)).select(named);
+    }
+
+    /**
+     * The sink's rows of the streaming frame {@code rows}, each with its output rid, computed in the streaming
+     * plan: its row hash and the id of the micro-batch computing it ({@link #batchId}), the same rid as
+     * {@link #withRid} gives in a batch's hook. With this, Spark can write the sink itself, with no hook.
+     */
+    public Dataset<Row> streamingSinkRows(Dataset<Row> rows) {
+        return rows.withColumn(rid, functions.xxhash64(functions.col(rowHash), batchId())).select(named);
+    }
+
+    /**
+     * The id of the micro-batch that computes a row, as text: the local property Spark's micro-batch engine
+     * sets on the thread running the batch, which the batch's tasks get with their job. Nondeterministic, so
+     * that Spark never folds it into a constant of one batch; read once a task.
+     */
+    public static Column batchId() {
+        // Typed as the JDK's Supplier, so that the generated code names no class of this jar.
+        Literal target = new Literal(new BatchId(), new ObjectType(Supplier.class));
+        return ExpressionUtils.column(new Invoke(target, "get", DataTypes.StringType,
+                CollectionConverters.asScala(List.<Expression>of()).toList(),
+                CollectionConverters.asScala(List.<AbstractDataType>of()).toList(), false, false, false));
+    }
+
+    private static final class BatchId implements Supplier<Object>, Serializable {
+        private static final long serialVersionUID = 1L;
+        private transient TaskContext task;
+        private transient UTF8String id;
+
+        @Override
+        public Object get() {
+            TaskContext now = TaskContext.get();
+            if (now == null) {  // evaluated on the driver, by the thread that runs the batch
+                return UTF8String.fromString(known(SparkSession.active().sparkContext().getLocalProperty(KEY)));
+            }
+            if (now != task) {
+                id = UTF8String.fromString(known(now.getLocalProperty(KEY)));
+                task = now;
+            }
+            return id;
+        }
+
+        private static String known(String id) {
+            if (id == null) {
+                throw new IllegalStateException("no micro-batch id (" + KEY + ") where headwater's output rid is "
+                                                + "computed: the rows are not a streaming query's micro-batch");
+            }
+            return id;
+        }
+
+        private static final String KEY = MicroBatchExecution.BATCH_ID_KEY();
     }
 
     /** {@link Watermarks#late} of the micro-batch that query {@code queryId} of {@code session} runs now. */
