@@ -48,7 +48,12 @@ public final class Hook {
     /** {@code rows} with each row's output rid: its row hash and the batch, the batch id hashed as text
      * (a number would be written into the generated code, which Spark would then compile every batch). */
     public Dataset<Row> withRid(Dataset<Row> rows, String batchId) {
-        return rows.withColumn(rid, functions.xxhash64(functions.col(rowHash), functions.lit(batchId)));
+        return withRid(rows, functions.lit(batchId));
+    }
+
+    /** {@code rows} with each row's output rid: its row hash and {@code batch}, the batch id as text. */
+    private Dataset<Row> withRid(Dataset<Row> rows, Column batch) {
+        return rows.withColumn(rid, functions.xxhash64(functions.col(rowHash), batch));
     }
 
     /** What the sink gets of {@code rows} (from {@link #withRid}): its columns, through the filter {@code journal}
@@ -63,7 +68,7 @@ public final class Hook {
      * {@link #withRid} gives in a batch's hook. With this, Spark can write the sink itself, with no hook.
      */
     public Dataset<Row> streamingSinkRows(Dataset<Row> rows) {
-        return rows.withColumn(rid, functions.xxhash64(functions.col(rowHash), batchId())).select(named);
+        return sinkRows(withRid(rows, batchId()), null);
     }
 
     /**
