@@ -618,7 +618,7 @@ _lineage_command("co_dependents", "co-dependents", {"to": "output", "via": "sour
                    "(default $HEADWATER_HTTP_TOKEN; neither: no token, loopback only).")
 @click.option("--max-results", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Rows of an answer at most; longer answers are cut (truncated: true).")
-@click.option("--max-concurrent", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=2, show_default=True,  # http.MAX_CONCURRENT
               help="Queries answered at once; up to 16 more wait their turn for at most 2 s, the rest get 503 with "
                    "Retry-After.")
 @click.pass_context

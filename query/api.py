@@ -43,7 +43,8 @@ from headwater.core.config import Config
 from headwater.core.plan import accumulates, location_key
 
 from .address import parse_source
-from .backend import Answer, Gap, Lineage, LineageError, UnknownRow, WalkingBackend, check_depth, lineage_of, ordered
+from .backend import (Answer, Gap, Lineage, LineageError, Question, UnknownRow, WalkingBackend, check_depth,
+                      lineage_of, ordered)
 from .cypher import CypherBackend
 from .datasets import Tables, names_table, shown
 from .explain import Explainer, rids_path
@@ -173,14 +174,13 @@ class LineageClient:
         backend = self._backend(self.names[0])
         return narrower.narrow(box, batch, backend).summary()
 
-    def _holding(self, rid: int) -> WalkingBackend:
-        """The first backend (of ``names``) whose store holds ``rid``."""
+    def _holding(self, rid: int, backward: bool) -> tuple[WalkingBackend, Question]:
+        """The first backend (of ``names``) whose store holds ``rid``, and a question walking from it there."""
         missed = []
         for name in self.names:
             backend = self._backend(name)
             try:
-                backend.require(rid)
-                return backend
+                return backend, backend.question_from(rid, backward)
             except UnknownRow as exc:
                 missed.append(str(exc))
             except GRAPH_AWAY as exc:
@@ -352,7 +352,7 @@ class LineageClient:
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
         try:
-            backend = self._holding(rid)
+            backend, question = self._holding(rid, backward)
         except UnknownRow as unknown:
             with self._inferring:
                 inferred = self._inferred(rid, to, payload, deadline) if backward else \
@@ -368,7 +368,7 @@ class LineageClient:
         if backend.narrower is not None:
             backend.narrower.take_seen()  # what an earlier question left, had it failed half-way
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
-                                       deadline, window.outside(backend))
+                                       deadline, window.outside(backend), question=question)
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
         answer = self._answer(backend, rid, found, [(walked, records, backward)], payload)
         if not backward and not found and records.get(rid, {}).get("kind") == "source":
@@ -455,10 +455,10 @@ class LineageClient:
         check_depth(depth)
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
-        backend = self._holding(rid)
+        backend, question = self._holding(rid, first_backward)
         outside = window.outside(backend)
         first, first_records = backend.walk([rid], depth, first_backward, max_reach=self.max_reach,
-                                            deadline=deadline, outside=outside)
+                                            deadline=deadline, outside=outside, question=question)
         middle = [x.rid for x in lineage_of(rid, first.found, first_records, via)]
         legs = [(first, first_records, first_backward)]
         found = []

@@ -9,7 +9,7 @@ built from it are shared, so every backend gives the same answer.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 import pyarrow as pa
@@ -68,11 +68,19 @@ class Lineage:
     changed_since: bool | None = None
 
     def to_dict(self) -> dict:
-        found = asdict(self)
-        for name in OPTIONAL_FIELDS:
-            if found[name] is None:
-                found.pop(name)
-        return found
+        """The record as JSON-like data of its own (``asdict`` would do, at five times the cost: every
+        answer's records go through here, each with its operators)."""
+        return {f.name: _copied(getattr(self, f.name)) for f in fields(self)
+                if not (f.name in OPTIONAL_FIELDS and getattr(self, f.name) is None)}
+
+
+def _copied(value):
+    """``value`` with its dicts, lists and tuples copied, all the way down (not their subclasses)."""
+    if type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    if type(value) is list or type(value) is tuple:
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 # In a record only when asked for, or where they apply (a static table's row, a known mask).
@@ -176,11 +184,19 @@ def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: i
 
 
 class Question:
-    """One question's access to a store: the edges adjacent to a frontier, and rows' records."""
+    """One question's access to a store: the edges adjacent to a frontier, and rows' records (``known``:
+    records read already, not read again)."""
 
-    def __init__(self, step: Callable[[list[int]], pa.Table], records: Callable[[list[int]], dict[int, dict]]):
+    def __init__(self, step: Callable[[list[int]], pa.Table], records: Callable[[list[int]], dict[int, dict]],
+                 known: dict[int, dict] | None = None):
         self.step = step
-        self.records = records
+        self._records = records
+        self.known = {} if known is None else known
+
+    def records(self, rids) -> dict[int, dict]:
+        rids = list(rids)
+        found = {r: self.known[r] for r in rids if r in self.known}
+        return {**self._records([r for r in rids if r not in found]), **found}
 
 
 class WalkingBackend:
@@ -220,22 +236,36 @@ class WalkingBackend:
     def close(self) -> None:
         pass
 
-    def require(self, rid: int) -> None:
-        """``UnknownRow`` unless the store holds the row ``rid``."""
-        if check_rid(rid) not in self._records([rid]):
-            raise UnknownRow(f"rid {rid} is not in the lineage {self.store} (not captured, or not indexed yet)")
+    def require(self, rid: int) -> dict:
+        """The record (``ROW_FIELDS``) of the row ``rid``; ``UnknownRow`` unless the store holds it."""
+        found = self._records([check_rid(rid)])
+        if rid not in found:
+            raise self._unknown(rid)
+        return found[rid]
+
+    def _unknown(self, rid: int) -> UnknownRow:
+        return UnknownRow(f"rid {rid} is not in the lineage {self.store} (not captured, or not indexed yet)")
+
+    def question_from(self, rid: int, backward: bool) -> Question:
+        """A question that walks from ``rid`` (``walk``'s ``question``), the row's record read;
+        ``UnknownRow`` unless the store holds it."""
+        question = self._question(backward)
+        question.known[rid] = self.require(rid)
+        return question
 
     def batch_times(self, pairs) -> dict[tuple[str, int], str | None]:
         """When each ``(query, batch)`` ran (the batch log's ``at``, ISO 8601); None where it has no time."""
         raise NotImplementedError
 
     def walk(self, starts: list[int], depth: int, backward: bool, cols: int | None = None, paths: int = 0,
-             max_reach: int | None = None, deadline: float | None = None, outside=None):
-        """``walk.walk`` from ``starts``, and the records of every row it started from, found or ended on."""
+             max_reach: int | None = None, deadline: float | None = None, outside=None,
+             question: Question | None = None):
+        """``walk.walk`` from ``starts``, and the records of every row it started from, found or ended on
+        (``question``: one begun already, as ``question_from`` begins it)."""
         from .walk import MAX_REACH, walk
 
         check_depth(depth)
-        question = self._question(backward)
+        question = question or self._question(backward)
         step = question.step if self.narrower is None else self.narrower.overlay(question.step, backward, self)
         found = walk(starts, depth, backward, step, cols if backward else None, paths,
                      max_reach or MAX_REACH, deadline, outside)
@@ -243,12 +273,10 @@ class WalkingBackend:
 
     def backward(self, rid: int, to: str = "source", depth: int = 16, cols: int | None = None,
                  paths: int = 0) -> list[Lineage]:
-        self.require(rid)
-        found, records = self.walk([rid], depth, True, cols, paths)
+        found, records = self.walk([rid], depth, True, cols, paths, question=self.question_from(rid, True))
         return lineage_of(rid, found.found, records, to, paths=bool(paths))
 
     def forward(self, rid: int, to: str = "output", depth: int = 16, cols: int | None = None,
                 paths: int = 0) -> list[Lineage]:
-        self.require(rid)
-        found, records = self.walk([rid], depth, False, None, paths)
+        found, records = self.walk([rid], depth, False, None, paths, question=self.question_from(rid, False))
         return lineage_of(rid, found.found, records, to, cols, bool(paths))

@@ -13,11 +13,17 @@ from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
 from headwater.indexer.graph import batch_fields, batch_statuses, gaps_between
 
-from .backend import ROW_FIELDS, WalkingBackend
+from .backend import ROW_FIELDS, Question, WalkingBackend, check_rid
 
-_EDGES = ("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
-          "RETURN a.rid AS src, b.rid AS dst, e.query AS query, e.batch AS batch, e.op AS op, "
-          "e.exact AS exact, e.cols AS cols")
+# A frontier's edges, each with the record of the row at its far end: a walk needs the records of the
+# rows it reached, and reading them with the edges saves a round trip a question.
+_EDGE_FIELDS = ("a.rid AS src, b.rid AS dst, e.query AS query, e.batch AS batch, e.op AS op, e.exact AS exact, "
+                "e.cols AS cols, " + ", ".join(f"{{far}}.{f} AS far_{f}" for f in ROW_FIELDS[1:]))
+_EDGES = "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier RETURN " + _EDGE_FIELDS
+# A question's start: the row's record and its edges in one round trip (none where it has none).
+_FROM = ("MATCH ({near}:Row) WHERE {near}.rid = $rid OPTIONAL MATCH (a:Row)-[e:DERIVED]->(b:Row) RETURN "
+         + ", ".join(f"{{near}}.{f} AS row_{f}" for f in ROW_FIELDS[1:])
+         + ", " + _EDGE_FIELDS)
 _ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
 _CHUNK = 5000  # rids per statement
 
@@ -40,16 +46,33 @@ class CypherBackend(WalkingBackend):
         rids = list(rids)
         return [row for i in range(0, len(rids), _CHUNK) for row in self._run(query, **{name: rids[i: i + _CHUNK]})]
 
-    def _step(self, backward: bool):
-        query = _EDGES.format(near="b" if backward else "a")
+    def question_from(self, rid: int, backward: bool) -> Question:
+        near, far = ("b", "a") if backward else ("a", "b")
+        rows = self._run(_FROM.format(near=near, far=far), rid=check_rid(rid))
+        if not rows:
+            raise self._unknown(rid)
+        record = {"rid": rid, **{f: rows[0][f"row_{f}"] for f in ROW_FIELDS[1:]}}
+        edges = [{k: v for k, v in row.items() if not k.startswith("row_")} for row in rows if row["query"] is not None]
+        return self._question(backward, {rid: record}, {rid: edges})
+
+    def _question(self, backward: bool, known: dict[int, dict] | None = None,
+                  read: dict[int, list[dict]] | None = None) -> Question:
+        """``read``: a row's edges read already (``question_from``), for the step from it alone."""
+        query = _EDGES.format(near="b" if backward else "a", far="a" if backward else "b")
+        far = "src" if backward else "dst"
+        known = dict(known or {})  # with the records of the rows at the far ends of the edges stepped
 
         def step(frontier: list[int]) -> pa.Table:
-            rows = self._chunked(query, "frontier", frontier)
-            for row in rows:  # edges written before masks or flags were recorded
+            rows = read.pop(frontier[0]) if read and len(frontier) == 1 and frontier[0] in read else \
+                self._chunked(query, "frontier", frontier)
+            for row in rows:
+                record = {f: row.pop(f"far_{f}") for f in ROW_FIELDS[1:]}
+                known.setdefault(row[far], {"rid": row[far], **record})
+                # edges written before masks or flags were recorded
                 row["exact"] = row["exact"] is not False
                 row["cols"] = -1 if row["cols"] is None else row["cols"]
             return pa.Table.from_pylist(rows, EDGE_SCHEMA)
-        return step
+        return Question(step, self._records, known)
 
     def _records(self, rids) -> dict[int, dict]:
         return {row["rid"]: row for row in self._chunked(_ROWS, "rids", rids)}

@@ -79,6 +79,12 @@ MAX_REQUEST_LINE = 8192  # bytes; longer: 414
 MAX_PARAMETERS = 16
 SOCKET_TIMEOUT_S = 10.0  # a client this slow to send its request (or to read the answer) is dropped
 RETRY_AFTER_S = 1
+# Queries answered at once. A question is mostly Python between round trips to the store, and the threads of
+# one process take turns at the interpreter lock: four stepping the graph at once do 60% of the steps a second
+# one thread does alone, and 8 clients of bench/http_load.py got p99 95 ms with 4 at once, 78 with 2, 81
+# with 1 (query/README.md, "Why two queries at once"). Two, so that one slow question (a hub's forward
+# lineage) never holds up every other.
+MAX_CONCURRENT = 2
 # A query beyond max_concurrent waits for a slot, rather than failing at once under a small burst (a page of
 # the explorer asks a few at a time); but only so many wait, and not for long: past either, 503.
 MAX_QUEUED = 16
@@ -892,7 +898,7 @@ class LineageServer(ThreadingHTTPServer):
 
     def __init__(self, config: Config | None = None, host: str = "127.0.0.1", port: int = 8080,
                  backend: str = "auto", token: str | None = None, max_results: int = 10_000,
-                 max_concurrent: int = 4, say: Callable[[str], None] | None = None,
+                 max_concurrent: int = MAX_CONCURRENT, say: Callable[[str], None] | None = None,
                  socket_timeout_s: float = SOCKET_TIMEOUT_S, max_queued: int = MAX_QUEUED,
                  queue_wait_s: float = QUEUE_WAIT_S):
         if backend not in api.choices():
@@ -1102,7 +1108,7 @@ class LineageServer(ThreadingHTTPServer):
 
 
 def serve(config: Config | None = None, host: str = "127.0.0.1", port: int = 8080, backend: str = "auto",
-          token: str | None = None, max_results: int = 10_000, max_concurrent: int = 4,
+          token: str | None = None, max_results: int = 10_000, max_concurrent: int = MAX_CONCURRENT,
           say: Callable[[str], None] | None = None, socket_timeout_s: float = SOCKET_TIMEOUT_S,
           max_queued: int = MAX_QUEUED, queue_wait_s: float = QUEUE_WAIT_S) -> LineageServer:
     """A server answering on ``host``:``port`` (0: any free port) in a thread of its own; ``.close()`` stops it.

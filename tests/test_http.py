@@ -395,11 +395,12 @@ class FakeBlockingBackend(WalkingBackend):
     def __init__(self, config):
         pass
 
-    def require(self, rid) -> None:
+    def question_from(self, rid, backward) -> None:
         self.entered.set()
         assert self.release.wait(30)
 
-    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None, deadline=None, outside=None):
+    def walk(self, starts, depth, backward, cols=None, paths=0, max_reach=None, deadline=None, outside=None,
+             question=None):
         return Walk({}, set(), set()), {}
 
 
