@@ -66,9 +66,9 @@ def demo_stack(home: Path | None = None, orders: int = 1000) -> Iterator[Demo]:
         home = Path(tmp) / "home" if own else Path(home)
         stack = Stack(home, ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()}) \
             if own else None
-        if stack is not None:
-            stack.up()
         try:
+            if stack is not None:
+                stack.up()  # a part that did not start: those that did are stopped below
             yield run_demo(home, orders)
         finally:
             if stack is not None:

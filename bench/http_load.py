@@ -76,7 +76,8 @@ def demo_stack(home: Path) -> Iterator[DemoRun]:
     env = demo_env(home)
     up = _cli(home, env, "stack", "up", "--broker-port", str(free_port()), "--bolt-port", str(free_port()),
               "--http-port", str(free_port()), "--query-port", str(free_port()))
-    if up.returncode != 0:
+    if up.returncode != 0:  # the parts that did start are stopped: the state names them
+        _cli(home, env, "stack", "down", timeout=120)
         raise RuntimeError(f"headwater stack up failed: {up.stderr[-2000:]}")
     try:
         started = time.monotonic()

@@ -65,28 +65,28 @@ def build(spark, bootstrap: str, impressions_topic: str, clicks_topic: str, how:
     return imps.join(clicks, condition, how).select("iid", "cid", "iad", "it", "ct")
 
 
-def run_rounds(spark, config, tmp_path, tag, how, tracer=None):
-    """Produce the rounds into fresh topics, waiting for each; returns (sink rows, coordinates)."""
-    imp_topic, click_topic = f"imp-{tag}", f"clk-{tag}"
-    ensure_topics(config.bootstrap, [imp_topic, click_topic], 1)
-    df = build(spark, config.bootstrap, imp_topic, click_topic, how)
-    sink = str(tmp_path / f"sink-{tag}")
-    writer = (tracer.trace(df, name=f"ssj-{tag}") if tracer else df).writeStream.format("parquet")
-    query = (writer.option("checkpointLocation", str(tmp_path / f"cp-{tag}"))
-             .trigger(processingTime="200 milliseconds").start(sink))
-    coordinates = {}
-    ends = {f"{imp_topic}:0": 0, f"{click_topic}:0": 0}
-    try:
-        for impressions, clicks in rounds():
-            for topic, events, id_field in ((imp_topic, impressions, "iid"), (click_topic, clicks, "cid")):
-                placed = demo_data.produce(config.bootstrap, topic, [(None, json.dumps(e).encode()) for e in events])
-                for event, (p, o) in zip(events, placed):
-                    coordinates[(id_field, event[id_field])] = ("kafka", topic, p, o)
-                    ends[f"{topic}:{p}"] = max(ends[f"{topic}:{p}"], o + 1)
-            run_until_both(query, ends)
-    finally:
-        query.stop()
-    return spark.read.parquet(sink).collect(), coordinates
+class Run:
+    """One join query over topics of its own (``imp-TAG``, ``clk-TAG``) into a Parquet sink, traced where a
+    tracer is given; the Kafka coordinates of every event produced into them, and how far they reach."""
+
+    def __init__(self, spark, config, workdir, tag: str, how: str, tracer=None):
+        self.config, self.sink = config, str(workdir / f"sink-{tag}")
+        self.topics = {"iid": f"imp-{tag}", "cid": f"clk-{tag}"}
+        ensure_topics(config.bootstrap, list(self.topics.values()), 1)
+        df = build(spark, config.bootstrap, self.topics["iid"], self.topics["cid"], how)
+        writer = (tracer.trace(df, name=f"ssj-{tag}") if tracer else df).writeStream.format("parquet")
+        self.query = (writer.option("checkpointLocation", str(workdir / f"cp-{tag}"))
+                      .trigger(processingTime="200 milliseconds").start(self.sink))
+        self.coordinates: dict = {}
+        self.ends = {f"{topic}:0": 0 for topic in self.topics.values()}
+
+    def produce(self, impressions: list[dict], clicks: list[dict]) -> None:
+        for id_field, events in (("iid", impressions), ("cid", clicks)):
+            topic = self.topics[id_field]
+            placed = demo_data.produce(self.config.bootstrap, topic, [(None, json.dumps(e).encode()) for e in events])
+            for event, (p, o) in zip(events, placed):
+                self.coordinates[(id_field, event[id_field])] = ("kafka", topic, p, o)
+                self.ends[f"{topic}:{p}"] = max(self.ends[f"{topic}:{p}"], o + 1)
 
 
 def run_until_both(query, ends: dict) -> None:
@@ -108,15 +108,42 @@ def run_until_both(query, ends: dict) -> None:
     raise TimeoutError(f"stream did not reach {ends}")
 
 
-@pytest.mark.parametrize("how", ["inner", "left_outer", "full_outer"])
-def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path, how):
+HOWS = ["inner", "left_outer", "full_outer"]
+
+
+@pytest.fixture(scope="module")
+def joined(spark, stack_config, tmp_path_factory):
+    """Each join traced and untraced, the six streams running at once through the rounds (each round produced
+    into every stream's topics, then waited for in each: a stream sees the rounds as it would alone, and the
+    suite saves minutes), then indexed once. ``(config, {how: (traced rows, untraced rows, coordinates)})``."""
     config, tag = own_topics(stack_config, "ssj")
+    workdir = tmp_path_factory.mktemp("ssj")
     tracer = attach(spark, config)
+    runs: dict[tuple[str, bool], Run] = {}
     try:
-        traced, coordinates = run_rounds(spark, config, tmp_path, tag, how, tracer)
+        for how in HOWS:
+            for traced in (True, False):
+                runs[how, traced] = Run(spark, config, workdir, f"{tag}-{how}{'' if traced else 'p'}", how,
+                                        tracer if traced else None)
+        for impressions, clicks in rounds():
+            for run in runs.values():
+                run.produce(impressions, clicks)
+            for run in runs.values():
+                run_until_both(run.query, run.ends)
     finally:
+        for run in runs.values():
+            run.query.stop()
         tracer.close()
-    plain, _ = run_rounds(spark, config, tmp_path, tag + "p", how)
+    index(config)
+    return config, {how: (spark.read.parquet(runs[how, True].sink).collect(),
+                          spark.read.parquet(runs[how, False].sink).collect(), runs[how, True].coordinates)
+                    for how in HOWS}
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_stream_stream_join_lineage_across_batches(joined, how):
+    config, by_how = joined
+    traced, plain, coordinates = by_how[how]
 
     def content(row):
         return (row.iid, row.cid, row.iad, row.it, row.ct)
@@ -128,7 +155,6 @@ def test_stream_stream_join_lineage_across_batches(spark, stack_config, tmp_path
     if how != "inner":
         assert any(cid is None for _, cid in ids), "unmatched impressions are emitted with a null click"
 
-    index(config)
     outputs_of: dict = {}
     with LineageClient(config) as client:
         for row in traced:
