@@ -2,10 +2,33 @@
 
 Consumes a user's streaming DataFrame (only the final one is wrapped); produces
 lineage payloads on the edges topic and plan/batch records on the log topic.
+
+The names below are imported on first use, so that importing one light module of
+this package (``headwater.capture.kafka_source``, which every Python worker serving
+that source imports) does not import the tracer, pyarrow and the plan rewriter:
+Spark gives such a worker 10 s to start and connect back.
 """
 
-from .rewrite import UnsupportedPlanError
-from .sinks import SinkError
-from .tracer import Traced, Tracer, attach
+from importlib import import_module
 
-__all__ = ["attach", "Tracer", "Traced", "SinkError", "UnsupportedPlanError"]
+_EXPORTS = {
+    "attach": "tracer",
+    "Tracer": "tracer",
+    "Traced": "tracer",
+    "SinkError": "sinks",
+    "UnsupportedPlanError": "rewrite",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

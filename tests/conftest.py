@@ -115,6 +115,21 @@ def wait_batches(query, count: int, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
+def while_initializing(queries, at_most: int = 2, timeout_s: float = 120) -> None:
+    """Wait until at most ``at_most`` of ``queries`` are still initializing their sources.
+
+    Each ``headwater_kafka`` source starts a Python worker while its query initializes, and
+    Spark gives that worker 10 s to connect back; a dozen queries started at once on two busy
+    cores can miss it (``Python worker failed to connect back``). Call this before each start.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for q in queries if q.isActive and q.status["message"] == "Initializing sources") > at_most:
+        assert time.monotonic() < deadline, "queries still initializing their sources"
+        time.sleep(0.05)
+
+
 def stop_when_idle(query, timeout_s: float = 60) -> None:
     """Stop a streaming query between triggers (a foreachBatch query stopped mid-trigger may fail).
 

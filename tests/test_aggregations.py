@@ -24,7 +24,7 @@ from headwater.demo import orders as demo_data
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
 
-from .conftest import index, own_topics
+from .conftest import index, own_topics, while_initializing
 from .oracle import as_input
 from .test_stream_joins import at
 
@@ -136,7 +136,9 @@ def aggregated(spark, stack_config, tmp_path_factory):
             runs.clear()
             for name, topic in topics.items():
                 produce(config, topic, events, coordinates[name])
-                runs += [start(spark, config, workdir, name, topic, tracer), start(spark, config, workdir, name, topic)]
+                for by in (tracer, None):
+                    while_initializing(runs)
+                    runs.append(start(spark, config, workdir, name, topic, by))
             for query in runs:
                 query.awaitTermination(120)
                 assert query.exception() is None, query.exception()

@@ -22,7 +22,7 @@ from headwater.demo import orders as demo_data
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
 
-from .conftest import index, own_topics
+from .conftest import index, own_topics, while_initializing
 from .oracle import as_input
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
@@ -123,6 +123,7 @@ def joined(spark, stack_config, tmp_path_factory):
     try:
         for how in HOWS:
             for traced in (True, False):
+                while_initializing([run.query for run in runs.values()])
                 runs[how, traced] = Run(spark, config, workdir, f"{tag}-{how}{'' if traced else 'p'}", how,
                                         tracer if traced else None)
         for impressions, clicks in rounds():
