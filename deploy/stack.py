@@ -235,10 +235,6 @@ class Stack:
         token(self.home)
         token(self.home, NARROWING_KEY_FILE)
 
-        self._start(parts, "broker", lambda: broker_command(ports["broker"]), [ports["broker"]])
-        self._start(parts, "graph",
-                    lambda: graph_command(ports["bolt"], ports["graph_http"], self.home / "graph", password),
-                    [ports["bolt"], ports["graph_http"]])
         config = Config(
             bootstrap=f"{HOST}:{ports['broker']}",
             graph_uri=f"bolt://{HOST}:{ports['bolt']}",
@@ -246,6 +242,12 @@ class Stack:
             narrowing_key_file=str(self.home / NARROWING_KEY_FILE),
         )
         state = {"parts": parts, "ports": ports, "graph_password": password, "config": config.to_dict()}
+        # Saved after each part starts: a part that fails to start leaves those before it known to ``down``.
+        self._start(parts, "broker", lambda: broker_command(ports["broker"]), [ports["broker"]])
+        self._save(state)
+        self._start(parts, "graph",
+                    lambda: graph_command(ports["bolt"], ports["graph_http"], self.home / "graph", password),
+                    [ports["bolt"], ports["graph_http"]])
         self._save(state)
         deadline = time.monotonic() + timeout_s
         self._wait_healthy(config, timeout_s)

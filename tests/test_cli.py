@@ -259,6 +259,41 @@ def test_where_over_orc_json_and_ascii_text(spark, sink, tmp_path):
     assert fast_rids(nested, "s IS NULL", spark) == (spark_rids(spark, nested, "s IS NULL"), "spark") == ([12], "spark")
 
 
+def test_where_without_spark_never_imports_pandas(sink):
+    """pyarrow imports pandas (0.3-0.5 s) whenever it turns a Python value into an Arrow one: a CLI run of
+    ``--where`` stays under its bar only if the fast path never asks it to. In a fresh process, every
+    predicate the fast path answers."""
+    predicates = [where for where, engine in PREDICATES if engine == "arrow"]
+    code = (f"import sys\nfrom headwater.query import where as selection\n"
+            f"for where in {predicates!r}:\n"
+            f"    try:\n        selection.check({sink!r}, where).select(10_000)\n"
+            f"    except selection.NothingSelected:\n        pass\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_literals_are_the_arrow_values_pyarrow_makes():
+    from headwater.query.where import _arrow, _literals
+
+    cases = {"tinyint": [0, -128, 127, None, 5], "smallint": [-(1 << 15), (1 << 15) - 1, None],
+             "int": [None, -(1 << 31), (1 << 31) - 1, 0], "bigint": [-(1 << 63), (1 << 63) - 1, None, 42],
+             "float": [1.5, None, 1e40, -0.0, float("nan"), 3, 1 / 3], "double": [1e308, -0.0, None, float("inf"), 7],
+             "string": ["", "café", None, "日本", "a\x00b", "x" * 300], "boolean": [True, False, None, True] * 3}
+    for spark_type, values in cases.items():
+        for chosen in (values, [v for v in values if v is not None], [None], []):
+            got = _literals(chosen, spark_type)
+            got.validate(full=True)
+            want = pa.array(chosen, _arrow(spark_type))
+            assert got.type == want.type and got.null_count == want.null_count, (spark_type, chosen)
+            assert [repr(v) for v in got.to_pylist()] == [repr(v) for v in want.to_pylist()], (spark_type, chosen)
+    for value, spark_type in ((128, "tinyint"), (1 << 63, "bigint"), ("1", "int"), (1, "string"), (1, "boolean"),
+                              (True, "int")):
+        with pytest.raises((OverflowError, pa.ArrowTypeError)):
+            _literals([value], spark_type)
+
+
 def test_where_is_refused_before_spark(tmp_path, sink, no_jvm):
     no_rid = tmp_path / "no_rid"
     no_rid.mkdir()

@@ -61,6 +61,22 @@ def test_taken_port_gives_a_clear_error(tmp_path):
     local.down()
 
 
+def test_a_part_that_cannot_start_leaves_those_started_known_to_down(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        local = Stack(tmp_path, ports={"broker": free_port(), "bolt": port, "graph_http": free_port()})
+        try:
+            with pytest.raises(StackError, match=f"cannot start the graph: port {port}"):
+                local.up()
+            broker = {s.name: s for s in local.status()}["broker"]
+            assert broker.running and broker.pid
+        finally:
+            assert local.down() == ["broker"]
+    assert not Path(f"/proc/{broker.pid}").exists() or b"zombie" in Path(f"/proc/{broker.pid}/status").read_bytes()
+
+
 def test_a_taken_query_port_leaves_the_stores_up_and_questions_in_process(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
