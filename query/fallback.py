@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +47,7 @@ from .infer.refine import Inferred, Prepared, infer, prepare
 
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
 FETCH_TIMEOUT_S = 60
+KEPT_BATCHES = 8  # the batches whose Kafka records a Fallback keeps
 
 
 class Fallback:
@@ -60,6 +62,7 @@ class Fallback:
         self._prepared: dict[tuple[str, str], Prepared] = {}
         self._static: dict[tuple, tuple[pa.Table, pd.DataFrame]] = {}
         self._table_rids: dict[tuple, np.ndarray] = {}
+        self._records: OrderedDict[tuple, pd.DataFrame] = OrderedDict()  # by offset ranges, the last few
 
     def plan(self, query: str, batch: int) -> tuple[Plan, dict]:
         """The plan batch ``batch`` of ``query`` ran, and what capture logged beside it."""
@@ -223,12 +226,25 @@ class Fallback:
         """The rows a relation of the batch's plan read, and what they are: ``(kind, dataset, key)``."""
         names = {a.name for a in relation.output}
         if relation.streaming and {"topic", "partition", "offset", "value"} <= names:
-            return _kafka(self.config, entry["sources"]), ("kafka", None, ())
+            return self._kafka(entry["sources"]), ("kafka", None, ())
         if relation.location and not relation.streaming:
             source = static_source(relation, kept)
             return self._files(relation.location)[1], ("table", source["dataset"], tuple(source.get("key") or ()))
         raise LineageError(f"cannot read back the rows of {relation.spark_class} (columns {sorted(names)}): "
                            f"only Kafka topics and file-backed static tables")
+
+    def _kafka(self, sources: list[dict]) -> pd.DataFrame:
+        """A batch's Kafka records (``_kafka``), kept for the last ``KEPT_BATCHES`` batches asked about:
+        the records at an offset never change, and each question about one of a batch's rows reads
+        all of them back."""
+        ranges = tuple(sorted(offset_ranges(sources).items()))
+        if ranges in self._records:
+            self._records.move_to_end(ranges)
+        else:
+            self._records[ranges] = _kafka(self.config, sources)
+            while len(self._records) > KEPT_BATCHES:
+                self._records.popitem(last=False)
+        return self._records[ranges]
 
     def table_rids(self, relation: Relation, kept: dict, positions: list[int] | None = None) -> np.ndarray:
         """The rids capture gives the rows of the static table a relation of the plan ``kept``

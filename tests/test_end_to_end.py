@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -238,7 +239,12 @@ def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     bad_source = cli("lineage", "forward", "--source", "kafka:no-partition")
     assert bad_source.returncode == 2 and "expected kafka:TOPIC" in json.loads(bad_source.stderr)["error"]
     # A target no kept plan has is refused, naming those there are (an injection attempt is no dataset either).
-    injection = cli("lineage", "backward", "--rid", str(row._hw_rid), "--to", "x' OR 1=1 //")
+    # Asked in-process of the run's own topics, whose kept plans are the run's: the stack's topics may keep
+    # none yet, and with none kept nothing tells a dataset from a typo (``LineageClient.target``).
+    injection = subprocess.run(
+        [sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "lineage", "backward", "--rid",
+         str(row._hw_rid), "--to", "x' OR 1=1 //", "--in-process"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HEADWATER_LOG_TOPIC": run.config.log_topic, "HEADWATER_EDGES_TOPIC": run.config.edges_topic})
     assert injection.returncode == 2 and injection.stdout == ""
     assert "no kept plan has a dataset" in json.loads(injection.stderr)["error"]
 

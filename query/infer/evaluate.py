@@ -10,6 +10,7 @@ Decimals stay ``Decimal`` (exact, as Spark's are), dates ``datetime.date``.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import operator
 import re
@@ -407,9 +408,11 @@ def _text(v) -> str:
     return v.isoformat() if isinstance(v, datetime.date) else str(v)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _from_json(text: str, fields: tuple) -> tuple:
     """Spark's ``from_json`` in its default (permissive) mode: a malformed record gives NULL
-    fields; a field of the wrong type, NULL."""
+    fields; a field of the wrong type, NULL. Kept per text: inference evaluates a plan's
+    expressions over a batch's records again at each step of its refinement."""
     try:
         found = json.loads(text)
     except ValueError:
