@@ -408,7 +408,7 @@ def _text(v) -> str:
     return v.isoformat() if isinstance(v, datetime.date) else str(v)
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 14)  # a batch of 16k records; a few MB in a long-running service
 def _from_json(text: str, fields: tuple) -> tuple:
     """Spark's ``from_json`` in its default (permissive) mode: a malformed record gives NULL
     fields; a field of the wrong type, NULL. Kept per text: inference evaluates a plan's
