@@ -23,6 +23,7 @@ same plan over the same rows: ``forward_fallback.py``.
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -63,6 +64,7 @@ class Fallback:
         self._static: dict[tuple, tuple[pa.Table, pd.DataFrame]] = {}
         self._table_rids: dict[tuple, np.ndarray] = {}
         self._records: OrderedDict[tuple, pd.DataFrame] = OrderedDict()  # by offset ranges, the last few
+        self._records_lock = threading.Lock()
 
     def plan(self, query: str, batch: int) -> tuple[Plan, dict]:
         """The plan batch ``batch`` of ``query`` ran, and what capture logged beside it."""
@@ -238,13 +240,17 @@ class Fallback:
         the records at an offset never change, and each question about one of a batch's rows reads
         all of them back."""
         ranges = tuple(sorted(offset_ranges(sources).items()))
-        if ranges in self._records:
-            self._records.move_to_end(ranges)
-        else:
-            self._records[ranges] = _kafka(self.config, sources)
+        with self._records_lock:  # the query service asks from more than one thread
+            frame = self._records.get(ranges)
+            if frame is not None:
+                self._records.move_to_end(ranges)
+                return frame
+        frame = _kafka(self.config, sources)
+        with self._records_lock:
+            self._records[ranges] = frame
             while len(self._records) > KEPT_BATCHES:
                 self._records.popitem(last=False)
-        return self._records[ranges]
+        return frame
 
     def table_rids(self, relation: Relation, kept: dict, positions: list[int] | None = None) -> np.ndarray:
         """The rids capture gives the rows of the static table a relation of the plan ``kept``
