@@ -159,8 +159,9 @@ class Where:
             mask = _Evaluator(table, types).predicate(self.tree)
         except RecursionError:
             raise _Unsupported("nested too deeply to evaluate here") from None
-        rids = table.column(RID_COLUMN).filter(pc.fill_null(mask, _literal(False, "boolean"))) if not isinstance(mask, bool) else \
-            table.column(RID_COLUMN) if mask else table.column(RID_COLUMN).slice(0, 0)
+        column = table.column(RID_COLUMN)
+        rids = column.filter(pc.fill_null(mask, _literal(False, "boolean"))) if not isinstance(mask, bool) else \
+            column if mask else column.slice(0, 0)
         found = pc.unique(rids.drop_null()).to_pylist()
         if len(found) > limit:
             raise WhereError(f"--where selects more than {limit} rows of {self.sink}: narrow it",
@@ -934,7 +935,8 @@ class _Evaluator:
         for condition, value in reversed(branches):
             if condition.type not in ("boolean", "void"):
                 raise _Unsupported(f"a condition of {condition.type}")
-            taken = pc.fill_null(self._arrow_value(condition, "boolean"), _literal(False, "boolean"))  # NULL is not true
+            # NULL is not true
+            taken = pc.fill_null(self._arrow_value(condition, "boolean"), _literal(False, "boolean"))
             result = pc.if_else(taken, self._arrow_value(value, to), result)
         return self._result(result, to, otherwise, *(x for pair in branches for x in pair))
 

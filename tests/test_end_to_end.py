@@ -244,7 +244,8 @@ def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     injection = subprocess.run(
         [sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "lineage", "backward", "--rid",
          str(row._hw_rid), "--to", "x' OR 1=1 //", "--in-process"], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "HEADWATER_LOG_TOPIC": run.config.log_topic, "HEADWATER_EDGES_TOPIC": run.config.edges_topic})
+        env={**os.environ, "HEADWATER_LOG_TOPIC": run.config.log_topic,
+             "HEADWATER_EDGES_TOPIC": run.config.edges_topic})
     assert injection.returncode == 2 and injection.stdout == ""
     assert "no kept plan has a dataset" in json.loads(injection.stderr)["error"]
 
