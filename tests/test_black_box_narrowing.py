@@ -31,7 +31,7 @@ from . import pipelines
 from .oracle import as_input
 from bench.black_box_narrowing import sessions
 
-from .conftest import index, local_file, sink_file_batches
+from .conftest import index, local_file, sink_file_batches, while_initializing
 from .test_black_boxes import parsed, records_read
 from .test_reexecute import centre, jitter
 
@@ -89,6 +89,7 @@ def runs(spark, env):
     started = {}
     for key, black_box in BLACK_BOXES.items():
         name = f"nw-{key}-{tag}"
+        while_initializing([q for _, q in started.values()])
         query = (env.tracer.trace(black_box(valid(spark, env)), name=name).writeStream.format("parquet")
                  .option("checkpointLocation", str(env.workdir / f"cp-{name}"))
                  .trigger(processingTime="200 milliseconds").start(str(env.workdir / f"sink-{name}")))
