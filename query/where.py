@@ -422,6 +422,7 @@ def _literals(values: list, spark_type: str):
     Built from buffers: ``pa.array`` and ``pa.scalar`` import pandas to ask whether a value is a
     pandas object, which costs a CLI run of ``--where`` 0.3–0.5 s of its 1 s bar.
     """
+    import itertools
     import struct
 
     import pyarrow as pa
@@ -439,9 +440,7 @@ def _literals(values: list, spark_type: str):
         buffers = [bitmap, pa.py_buffer(_bits([bool(v) for v in values]))]
     elif spark_type == "string":
         encoded = [(v or "").encode() for v in values]
-        ends = [0]
-        for e in encoded:
-            ends.append(ends[-1] + len(e))
+        ends = list(itertools.accumulate(map(len, encoded), initial=0))
         buffers = [bitmap, pa.py_buffer(struct.pack(f"<{len(ends)}i", *ends)), pa.py_buffer(b"".join(encoded))]
     else:
         try:
@@ -459,11 +458,9 @@ def _literal(value, spark_type: str):
 
 def _bits(flags: list[bool]) -> bytes:
     """Arrow's bitmap of ``flags``: least significant bit first."""
-    out = bytearray((len(flags) + 7) // 8)
-    for i, flag in enumerate(flags):
-        if flag:
-            out[i >> 3] |= 1 << (i & 7)
-    return bytes(out)
+    import numpy as np
+
+    return np.packbits(np.array(flags, dtype=bool), bitorder="little").tobytes()
 
 
 @dataclass

@@ -214,9 +214,9 @@ def test_batch_log_records_the_offsets_each_batch_read(spark, run):
 def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     row = sink_rows(spark, run)[0]
 
-    def cli(*args):
+    def cli(*args, env=None):
         return subprocess.run([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, env=env)
 
     done = cli("lineage", "backward", "--rid", str(row._hw_rid), "--payload")
     assert done.returncode == 0, done.stderr
@@ -241,11 +241,9 @@ def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):
     # A target no kept plan has is refused, naming those there are (an injection attempt is no dataset either).
     # Asked in-process of the run's own topics, whose kept plans are the run's: the stack's topics may keep
     # none yet, and with none kept nothing tells a dataset from a typo (``LineageClient.target``).
-    injection = subprocess.run(
-        [sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "lineage", "backward", "--rid",
-         str(row._hw_rid), "--to", "x' OR 1=1 //", "--in-process"], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "HEADWATER_LOG_TOPIC": run.config.log_topic,
-             "HEADWATER_EDGES_TOPIC": run.config.edges_topic})
+    injection = cli("lineage", "backward", "--rid", str(row._hw_rid), "--to", "x' OR 1=1 //", "--in-process",
+                    env={**os.environ, "HEADWATER_LOG_TOPIC": run.config.log_topic,
+                         "HEADWATER_EDGES_TOPIC": run.config.edges_topic})
     assert injection.returncode == 2 and injection.stdout == ""
     assert "no kept plan has a dataset" in json.loads(injection.stderr)["error"]
 
