@@ -354,6 +354,7 @@ class BatchHook:
         self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts, out,
                                              [F.struct(F.col(RID_COLUMN).alias("rid"))]) \
             if spec.foreach_batch is not None else None
+        self.streamed = False  # whether the sink's rows come journaled from the streaming plan (``hooked_frame``)
 
     def table_versions(self) -> dict[str, str]:
         """The version of each file-backed static table the batch reads (``table_files.table_version``),
@@ -365,6 +366,22 @@ class BatchHook:
             except TableUnreadable as exc:
                 log.debug("no version of static table %s: %s", key, exc)
         return versions
+
+    def hooked_frame(self) -> DataFrame:
+        """The streaming frame the writer hands this hook each batch (``sink`` opened first).
+
+        Where every row goes to a sink that reads every row and no black box needs rows of its own,
+        it is the sink's rows: each with its output rid, computed from the id of the micro-batch
+        computing it, through the sink's journal filter, in the streaming plan
+        (``Hook.streamingSinkRows``), so that a batch's hook builds no Dataset of its own; the filter
+        journals only in batches the hook set a ``Setting`` for. Otherwise the traced rows
+        (``streaming_frame``), which the hook splits and journals itself.
+        """
+        self.streamed = not self.traced.threaded.black_boxes and self.sink.reads_every_row
+        if not self.streamed:
+            return self.frame
+        journal = None if self.log_only else self.outputs._jc
+        return ClassicDataFrame(self.jvm.streamingSinkRows(self.frame._jdf, journal), self.frame.sparkSession)
 
     def streaming_frame(self, df: DataFrame) -> DataFrame:
         """The traced rows as the hook gets them: the user's columns by position, plus ``_hw_row``.
@@ -403,8 +420,6 @@ class BatchHook:
         started = time.monotonic()
         versions = self.table_versions()  # as the batch reads them: a table may change before the next
         plan = Plan(LOG_ONLY, 0.0) if self.log_only else self.budget.plan()
-        frame = batch_df
-        boxes = self.traced.threaded.black_boxes
         capture = plan.level != LOG_ONLY
         latest = self.sink.latest_batch()
         if latest > batch_id:
@@ -413,44 +428,16 @@ class BatchHook:
         # An earlier attempt wrote the batch and Spark's commit did not follow: the sink keeps
         # what it holds, and the lineage is journaled again (rids and edges are idempotent).
         written = latest == batch_id
-        # Lineage rides in the job that writes the sink, unless the sink may skip rows (the user's
-        # own code, console) or is not written, or black boxes need rows the sink does not get.
-        fused = capture and not boxes and self.sink.reads_every_row and not written
         context = batch_df.sparkSession.sparkContext
         if capture:  # what the journal filters of this batch's tasks need
             setting = self._setting(batch_id, context.getLocalProperty(QUERY_ID_PROPERTY), plan)
             context.setLocalProperty(PROPERTY, setting.to_json())
-        if boxes and capture:
-            frame = frame.persist()
-        out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
-        out = self.with_rid(out, batch_id)
-        if capture and not fused:
-            out = out.persist()
-        apart = 0.0  # seconds of capture's own jobs
-        before = self._counted["nanos"]
-        written_nanos = None  # capture's time inside the user's tasks, where its own jobs follow them
-        errors = []
         try:
-            if fused:
-                self.sink.write(self.sink_rows(out, self.outputs), batch_id)
-            elif not written:
-                self.sink.write(self.sink_rows(out), batch_id)
-            if capture and not fused:
-                written_nanos = self.counts.nanos() - before
-                apart_started = time.monotonic()
-                context.setLocalProperty(CAPTURE_PROPERTY, "publish")
-                try:
-                    errors = self._journal_apart(frame, out)
-                finally:
-                    context.setLocalProperty(CAPTURE_PROPERTY, None)
-                apart = time.monotonic() - apart_started
+            write = self._write_streamed if self.streamed else self._write_split
+            apart, written_nanos, errors = write(batch_df, batch_id, capture, written)
         finally:
             if capture:
                 context.setLocalProperty(PROPERTY, None)
-            if capture and not fused:
-                out.unpersist()
-            if capture and boxes:
-                frame.unpersist()
         stats = self._stats(capture, errors)
         nanos = stats.pop("nanos", 0) if written_nanos is None else written_nanos
         metrics.TASK_SECONDS.labels(self.traced.name).inc(nanos / 1e9)
@@ -470,6 +457,65 @@ class BatchHook:
             status=status, seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3),
             **extra, **stats, tables=versions,
         )
+
+    def _write_streamed(self, batch_df: DataFrame, batch_id: int, capture: bool, written: bool) \
+            -> tuple[float, int | None, list[str]]:
+        """Write a batch of the sink's rows (``hooked_frame``), journaled by the tasks writing them; a batch the
+        sink holds is not written again, and its lineage is journaled by a job of capture's own. Returns the
+        seconds of capture's own jobs, capture's nanoseconds in the user's tasks where its own jobs followed
+        them (else None), and what failed."""
+        if not written:
+            self.sink.write(batch_df, batch_id)
+            return 0.0, None, []
+        if not capture:
+            return 0.0, None, []
+        return self._apart(self.counts.nanos() - self._counted["nanos"], [(batch_df, None)])
+
+    def _write_split(self, batch_df: DataFrame, batch_id: int, capture: bool, written: bool) \
+            -> tuple[float, int | None, list[str]]:
+        """Write a batch of the traced rows (``streaming_frame``): the sink's rows, each with its output rid, to
+        the sink; then their lineage, the rows handed to the user's own code and those entering each black box,
+        by jobs of capture's own over the rows kept. Returns as ``_write_streamed``."""
+        boxes = self.traced.threaded.black_boxes
+        frame = batch_df.persist() if boxes and capture else batch_df
+        out = frame.where(F.col(BLACK_BOX_MARKER).isNull()) if boxes else frame
+        out = self.with_rid(out, batch_id)
+        if capture:
+            out = out.persist()
+        try:
+            if not written:
+                self.sink.write(self.sink_rows(out), batch_id)
+            if not capture:
+                return 0.0, None, []
+            jobs = [(out, self.outputs)]
+            if self.foreach_batch is not None:
+                jobs.append((out, self.foreach_batch))
+            jobs.extend((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal) for box, journal in self.boxes)
+            return self._apart(self.counts.nanos() - self._counted["nanos"], jobs)
+        finally:
+            if capture:
+                out.unpersist()
+            if capture and boxes:
+                frame.unpersist()
+
+    def _apart(self, in_tasks: int, jobs: list[tuple[DataFrame, Column | None]]) -> tuple[float, int, list[str]]:
+        """Journal lineage by jobs of capture's own, one for each ``(rows, journal)`` of ``jobs``: the rows
+        through that journal filter, or (None) rows whose plan journals them already. Returns their seconds,
+        ``in_tasks`` (capture's nanoseconds inside the user's tasks before them) and what failed."""
+        context = self.traced.tracer.spark.sparkContext
+        started = time.monotonic()
+        errors = []
+        context.setLocalProperty(CAPTURE_PROPERTY, "publish")
+        try:
+            for rows, journal in jobs:
+                try:  # lineage must never stop the user's stream
+                    (rows if journal is None else rows.where(journal)).count()
+                except Exception as exc:
+                    log.exception("journaling lineage of %s failed", self.traced.name)
+                    errors.append(str(exc)[:500])
+        finally:
+            context.setLocalProperty(CAPTURE_PROPERTY, None)
+        return time.monotonic() - started, in_tasks, errors
 
     def _stats(self, capture: bool, errors: list[str]) -> dict:
         """What this batch's journal filters did (the accumulators since the last batch), as the batch
@@ -536,21 +582,3 @@ class BatchHook:
         if stats.get("dropped_edges") or stats.get("error") is not None:
             return "failed"
         return FULL if plan.level == FULL else SAMPLED
-
-    def _journal_apart(self, frame: DataFrame, out: DataFrame) -> list[str]:
-        """Journal the batch's lineage by jobs of capture's own, over the rows the hook kept: the
-        sink's rows, the rows handed to the user's foreachBatch code, the rows entering each black
-        box. Returns what failed."""
-        jobs = [(out, self.outputs)]
-        if self.foreach_batch is not None:
-            jobs.append((out, self.foreach_batch))
-        for box, journal in self.boxes:
-            jobs.append((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal))
-        errors = []
-        for rows, journal in jobs:
-            try:  # lineage must never stop the user's stream
-                rows.where(journal).count()
-            except Exception as exc:
-                log.exception("journaling lineage of %s failed", self.traced.name)
-                errors.append(str(exc)[:500])
-        return errors

@@ -142,7 +142,7 @@ class TracedWriter:
             writer = log_only.writer(hook, spec, self._output_mode)
         else:
             logged = None
-            writer = hook.frame.writeStream.foreachBatch(hook).outputMode(self._output_mode)
+            writer = hook.hooked_frame().writeStream.foreachBatch(hook).outputMode(self._output_mode)
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         writer = writer.queryName(query_name)

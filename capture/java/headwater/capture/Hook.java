@@ -68,7 +68,16 @@ public final class Hook {
      * {@link #withRid} gives in a batch's hook. With this, Spark can write the sink itself, with no hook.
      */
     public Dataset<Row> streamingSinkRows(Dataset<Row> rows) {
-        return sinkRows(withRid(rows, batchId()), null);
+        return streamingSinkRows(rows, null);
+    }
+
+    /**
+     * {@link #streamingSinkRows(Dataset)} through the filter {@code journal} (a journal's column, or null): the
+     * frame a per-batch hook gets when the sink's own lineage is journaled in the streaming plan, so that the
+     * hook builds no Dataset of its own a batch.
+     */
+    public Dataset<Row> streamingSinkRows(Dataset<Row> rows, Column journal) {
+        return sinkRows(withRid(rows, batchId()), journal);
     }
 
     /**
