@@ -354,7 +354,6 @@ class BatchHook:
         self.foreach_batch = journals.column(foreach_batch_publisher(name), self.counts, out,
                                              [F.struct(F.col(RID_COLUMN).alias("rid"))]) \
             if spec.foreach_batch is not None else None
-        self.streamed = False  # whether the sink's rows come journaled from the streaming plan (``hooked_frame``)
 
     def table_versions(self) -> dict[str, str]:
         """The version of each file-backed static table the batch reads (``table_files.table_version``),
@@ -367,6 +366,12 @@ class BatchHook:
                 log.debug("no version of static table %s: %s", key, exc)
         return versions
 
+    @property
+    def streamed(self) -> bool:
+        """Whether the hook gets the sink's rows, journaled in the streaming plan (``hooked_frame``); the
+        ``sink`` is opened first."""
+        return not self.traced.threaded.black_boxes and self.sink.reads_every_row
+
     def hooked_frame(self) -> DataFrame:
         """The streaming frame the writer hands this hook each batch (``sink`` opened first).
 
@@ -377,7 +382,6 @@ class BatchHook:
         journals only in batches the hook set a ``Setting`` for. Otherwise the traced rows
         (``streaming_frame``), which the hook splits and journals itself.
         """
-        self.streamed = not self.traced.threaded.black_boxes and self.sink.reads_every_row
         if not self.streamed:
             return self.frame
         journal = None if self.log_only else self.outputs._jc
@@ -411,10 +415,9 @@ class BatchHook:
         anew (two Janino compilations, 12-30 ms each, a batch of the demo shape)."""
         return ClassicDataFrame(self.jvm.withRid(rows._jdf, str(batch_id)), rows.sparkSession)
 
-    def sink_rows(self, rows: DataFrame, journal: Column | None = None) -> DataFrame:
-        """What the sink gets of ``rows`` (``with_rid``'s): the user's columns and ``_hw_rid``, through
-        ``journal`` (a journal filter) when given."""
-        return ClassicDataFrame(self.jvm.sinkRows(rows._jdf, None if journal is None else journal._jc), rows.sparkSession)
+    def sink_rows(self, rows: DataFrame) -> DataFrame:
+        """What the sink gets of ``rows`` (``with_rid``'s): the user's columns and ``_hw_rid``."""
+        return ClassicDataFrame(self.jvm.sinkRows(rows._jdf, None), rows.sparkSession)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -469,7 +472,7 @@ class BatchHook:
             return 0.0, None, []
         if not capture:
             return 0.0, None, []
-        return self._apart(self.counts.nanos() - self._counted["nanos"], [(batch_df, None)])
+        return self._apart([(batch_df, None)])
 
     def _write_split(self, batch_df: DataFrame, batch_id: int, capture: bool, written: bool) \
             -> tuple[float, int | None, list[str]]:
@@ -491,17 +494,18 @@ class BatchHook:
             if self.foreach_batch is not None:
                 jobs.append((out, self.foreach_batch))
             jobs.extend((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal) for box, journal in self.boxes)
-            return self._apart(self.counts.nanos() - self._counted["nanos"], jobs)
+            return self._apart(jobs)
         finally:
             if capture:
                 out.unpersist()
             if capture and boxes:
                 frame.unpersist()
 
-    def _apart(self, in_tasks: int, jobs: list[tuple[DataFrame, Column | None]]) -> tuple[float, int, list[str]]:
+    def _apart(self, jobs: list[tuple[DataFrame, Column | None]]) -> tuple[float, int, list[str]]:
         """Journal lineage by jobs of capture's own, one for each ``(rows, journal)`` of ``jobs``: the rows
         through that journal filter, or (None) rows whose plan journals them already. Returns their seconds,
-        ``in_tasks`` (capture's nanoseconds inside the user's tasks before them) and what failed."""
+        capture's nanoseconds inside the user's tasks before them, and what failed."""
+        in_tasks = self.counts.nanos() - self._counted["nanos"]
         context = self.traced.tracer.spark.sparkContext
         started = time.monotonic()
         errors = []
