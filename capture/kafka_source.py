@@ -34,7 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from headwater.adapters.kafka import KafkaSourceError, consumer, high_watermarks, read_records
+from headwater.adapters.kafka import KafkaSourceError, high_watermark_client, high_watermarks, read_records
 
 SOURCE_NAME = "headwater_kafka"
 
@@ -98,7 +98,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def _client(self):
         if self._consumer is None:
-            self._consumer = consumer(self.bootstrap)
+            self._consumer = high_watermark_client(self.bootstrap)
         return self._consumer
 
     def _partitions(self) -> list:

@@ -51,3 +51,34 @@ def test_stream_reads_every_record_exactly_once_in_bounded_batches(spark, stack_
     assert len(seen) == len(got) == len(sent)
     assert got == sent
     assert max(sizes) <= 100
+
+
+def test_the_latest_offset_of_a_stream_with_nothing_new_comes_at_once(stack_config):
+    """At a partition's end the broker holds a fetch as long as the consumer allows (500 ms by default), and
+    every trigger of an idle stream asks: the source's consumer allows ``HIGH_WATERMARK_WAIT_MS``."""
+    import statistics
+    import time
+
+    from headwater.adapters.kafka import HIGH_WATERMARK_WAIT_MS
+
+    topic = f"src-{uuid.uuid4().hex[:8]}"
+    ensure_topics(stack_config.bootstrap, [topic], 2)
+    client = producer(stack_config.bootstrap)
+    for i in range(10):
+        client.send(topic, value=f"v{i}".encode(), partition=i % 2)
+    client.flush(10)
+    client.close()
+    reader = KafkaSource({"kafka.bootstrap.servers": stack_config.bootstrap, "subscribe": topic}) \
+        .streamReader(KafkaSource({}).schema())
+    try:
+        end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+        assert end == {f"{topic}:0": 5, f"{topic}:1": 5}
+        seconds = []
+        for _ in range(5):
+            started = time.monotonic()
+            assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end
+            seconds.append(time.monotonic() - started)
+    finally:
+        reader.stop()
+    # Both partitions at their end, in one fetch: the broker holds it 10 ms; kafka-python's default, 500 ms.
+    assert statistics.median(seconds) < 0.25, (HIGH_WATERMARK_WAIT_MS, seconds)

@@ -117,12 +117,23 @@ def consumer(kafka: Kafka, **overrides) -> KafkaConsumer:
     return KafkaConsumer(**connection(config_of(kafka)), **settings)
 
 
+HIGH_WATERMARK_WAIT_MS = 10  # how long the broker may hold a fetch at a partition's end (kafka-python's default 500)
+
+
+def high_watermark_client(kafka: Kafka) -> KafkaConsumer:
+    """A consumer for ``high_watermarks``: the broker answers a fetch at a partition's end at once."""
+    return consumer(kafka, fetch_max_wait_ms=HIGH_WATERMARK_WAIT_MS)
+
+
 def high_watermarks(client: KafkaConsumer, partitions: dict) -> dict:
     """Fetched high-water marks for ``{TopicPartition: position_to_fetch_from}``.
 
     One fetch per partition at a known position makes the broker report its
     high-water mark; ``client.highwater`` then holds it. Unassigning first drops the
-    marks of earlier calls, so every mark returned is fresh.
+    marks of earlier calls, so every mark returned is fresh. At the end of a partition the
+    broker holds the fetch for the client's ``fetch_max_wait_ms`` (``HIGH_WATERMARK_WAIT_MS``
+    in ``high_watermark_client``) before it answers with no records, and the polls here are
+    short, so a stream with nothing new learns it in tens of milliseconds, not 400–600.
     """
     client.unsubscribe()
     client.assign(list(partitions))
@@ -137,7 +148,7 @@ def high_watermarks(client: KafkaConsumer, partitions: dict) -> dict:
             missing = [f"{tp.topic}:{tp.partition}" for tp, m in marks.items() if m is None]
             raise KafkaSourceError(f"no high-water mark from the broker for {missing}")
         # Records fetched here are discarded: only the marks that come with them count.
-        client.poll(timeout_ms=200, max_records=1, update_offsets=False)
+        client.poll(timeout_ms=10, max_records=1, update_offsets=False)
         for tp, position in partitions.items():
             client.seek(tp, position)
 
