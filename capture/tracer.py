@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("headwater.capture")
 
 ROW_HASH = "_hw_row"  # an output row's rid but for its batch (BatchHook.row_hash)
+DRAIN_DEFER_S = 5.0  # the longest the tracer's thread leaves the journal alone while a traced batch runs
 
 
 def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tracer":
@@ -96,6 +97,7 @@ class Tracer:
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
         self._query_ids: dict[str, str | None] = {}  # Spark query id → traced query name (None: untraced)
         self._logged: dict = {}  # traced query name → its ``log_only.LoggedBatches``, where Spark writes the sink
+        self._in_flight = InFlight()  # traced batches running: the tracer's thread leaves the journal alone
         self._listener = ProgressListener(spark, self.journals.progress(), self._queries.get, self.publish_log,
                                           self._observe_progress)
         self._job_times = JobTimes(spark, self.journals.job_times())
@@ -156,6 +158,7 @@ class Tracer:
         while True:
             records = collect(self._log_queue, every_s)
             try:
+                self._in_flight.heard(records)
                 delivery.drain(budget_s=5.0)  # first: it is the one to probe a broker coming back
                 # A record's fields computed off the stream's path (``publish_log(later=…)``).
                 messages = [(topic, key, encode_log(schema, **fields, **(later() if later else {})))
@@ -163,7 +166,8 @@ class Tracer:
                 for outcome, (_, key, _) in zip(delivery.deliver(messages), messages):
                     if outcome == DROPPED:
                         log.error("spill full: a log record of query %s is lost", key.decode())
-                self._drain.run_once(budget_s=5.0)
+                if self._stop.is_set() or not self._in_flight.running(DRAIN_DEFER_S):
+                    self._drain.run_once(budget_s=5.0)
                 metrics.SPILL_BYTES.set(delivery.spill.size())
                 metrics.BUFFER_DEPTH.set(self._drain.pending() + self._log_queue.qsize())
             except Exception:  # this thread must outlive any broker trouble
@@ -182,6 +186,10 @@ class Tracer:
         except Exception:
             log.exception("sending the journal at close failed; it stays in %s", self.delivery_settings.spill_dir)
         self._drain.close()
+
+    def batch_started(self, traced_name: str, batch: int) -> None:
+        """A batch of a traced query reached its hook: the journal waits until it is over (``InFlight``)."""
+        self._in_flight.started(traced_name, batch)
 
     def _count_job_time(self) -> None:
         """The job time of traced queries' batches since the last call, into ``headwater_capture_job_seconds``."""
@@ -246,6 +254,52 @@ class Tracer:
             if Spill(self.delivery_settings.spill_dir, self.config.spill_max_bytes).put(
                     self.config.log_topic, key, value) is None:
                 log.error("spill full: log record %s of %s lost", schema, fields.get("query"))
+
+
+class InFlight:
+    """The traced batches running, each from its hook until its progress record is heard.
+
+    The tracer's thread wakes every second even when no record comes; a wake that falls inside a
+    batch would convert and send the journal files that batch's first tasks already wrote (an
+    aggregate's entering rows), on the cores and the GIL the batch is using. It leaves them while a
+    batch runs (``running``), so a stream with time between its triggers sends its lineage in that
+    time. A batch running longer than the wait it is given holds the journal no longer, nor does a query
+    whose progress records stop coming, so the journal, which the spill bound counts, keeps draining.
+    """
+
+    def __init__(self):
+        # traced query → (its latest batch to reach its hook, held since, when that batch reached it)
+        self._batches: dict[str, tuple[int, float, float]] = {}
+        self._lock = threading.Lock()  # the stream's thread starts batches, the tracer's thread hears them end
+
+    def started(self, query: str, batch: int, now: float | None = None) -> None:
+        """A batch of ``query`` reached its hook. The journal is held since its query's earliest batch whose
+        progress is not heard yet, so a query whose progress records stop coming holds it once, not every batch."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._batches[query] = (batch, self._batches.get(query, (batch, now))[1], now)
+
+    def heard(self, records: list[tuple]) -> None:
+        """A progress record among ``records`` (``collect``'s) ends its batch and any earlier one of its query;
+        a later batch of the query already running holds the journal from its own hook on."""
+        for _, _, schema, fields, _ in records:
+            if schema != LOG_PROGRESS:
+                continue
+            with self._lock:
+                running = self._batches.get(fields.get("query"))
+                if running is None:
+                    continue
+                batch, _, latest = running
+                if batch <= fields.get("batch", -1):
+                    del self._batches[fields["query"]]
+                else:
+                    self._batches[fields["query"]] = (batch, latest, latest)
+
+    def running(self, most_s: float, now: float | None = None) -> bool:
+        """Whether a batch runs that has held the journal for less than ``most_s``."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            return any(now - since < most_s for _, since, _ in self._batches.values())
 
 
 def collect(records: queue.Queue, wait_s: float, most: int = 500) -> list[tuple]:
@@ -421,6 +475,7 @@ class BatchHook:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        self.traced.tracer.batch_started(self.traced.name, batch_id)
         versions = self.table_versions()  # as the batch reads them: a table may change before the next
         plan = Plan(LOG_ONLY, 0.0) if self.log_only else self.budget.plan()
         capture = plan.level != LOG_ONLY

@@ -1,6 +1,7 @@
 """The tracer's thread sends a batch's journal between batches: ``tracer.collect`` waits for the batch's
 progress record (Spark has finished the batch) before handing its records on, but never longer than it
-was told."""
+was told; and a wake of the thread while a traced batch runs leaves the journal alone (``InFlight``)
+until the batch's progress record is heard, or the batch has run longer than the thread waits."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ import queue
 import threading
 import time
 
-from headwater.capture.tracer import collect
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
+from kafka import KafkaConsumer
+from pyspark.sql import functions as F
+
+from headwater.capture import attach, jar
+from headwater.capture import tracer as tracer_module
+from headwater.capture.journal import PROPERTY, Group, Publisher, Setting
+from headwater.capture.lineage import BatchContext, SourceEdges
+from headwater.capture.listener import progress_record
+from headwater.capture.tracer import InFlight, collect
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, decode_lineage
+
+from .conftest import own_topics
 
 
 def record(schema: str, query: str = "q", batch: int = 0) -> tuple:
@@ -64,3 +75,90 @@ def test_at_most_so_many_records_at_a_time():
         records.put(record(LOG_PROGRESS, batch=batch))
     assert len(collect(records, wait_s=1.0, most=4)) == 4
     assert len(collect(records, wait_s=1.0, most=100)) == 6
+
+
+def test_a_batch_holds_the_journal_from_its_hook_until_its_progress_record():
+    batches = InFlight()
+    assert not batches.running(5.0)
+    batches.started("q", 4, now=100.0)
+    assert batches.running(5.0, now=101.0)
+    batches.heard([record(LOG_BATCH, batch=4), record(LOG_PROGRESS, "other", 4), record(LOG_PROGRESS, batch=3)])
+    assert batches.running(5.0, now=101.0)  # another query's progress, and this query's earlier batch's
+    batches.heard([record(LOG_PROGRESS, batch=4)])
+    assert not batches.running(5.0, now=101.0)
+
+
+def test_a_batch_holds_the_journal_no_longer_than_told():
+    batches = InFlight()
+    batches.started("q", 0, now=100.0)
+    batches.started("r", 0, now=103.0)
+    assert batches.running(5.0, now=104.9)  # both
+    assert batches.running(5.0, now=107.9)  # r
+    assert not batches.running(5.0, now=108.0)  # both past the wait: their progress never came
+
+
+def test_a_query_whose_progress_never_comes_holds_the_journal_once_not_every_batch():
+    batches = InFlight()
+    for batch, now in enumerate((100.0, 101.0, 102.0, 103.0, 104.0, 105.0)):
+        batches.started("q", batch, now=now)
+    assert not batches.running(5.0, now=105.5)  # held since batch 0's hook, 5.5 s ago
+    batches.heard([record(LOG_PROGRESS, batch=5)])
+    batches.started("q", 6, now=106.0)
+    assert batches.running(5.0, now=106.5)
+
+
+def test_a_progress_record_heard_late_does_not_end_the_next_batch():
+    batches = InFlight()
+    batches.started("q", 6, now=96.0)
+    batches.started("q", 7, now=100.0)  # before batch 6's progress is heard: back to back
+    assert not batches.running(5.0, now=101.5)  # held since batch 6's hook
+    batches.heard([record(LOG_PROGRESS, batch=6)])
+    assert batches.running(5.0, now=101.5)  # batch 7 holds it from its own hook
+    batches.heard([record(LOG_PROGRESS, batch=9)])  # a later batch's: every earlier one is over too
+    assert not batches.running(5.0, now=100.5)
+
+
+def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_heard(spark, stack_config, tmp_path,
+                                                                                     monkeypatch):
+    """A real tracer: what a batch's tasks journal while it runs stays on disk through the thread's wakes,
+    and reaches the edges topic, every edge of it, once the batch's progress record is heard. (The batch
+    may hold the journal 60 s here, not 5: a busy machine's first Spark job may take longer than 5 s.)"""
+    monkeypatch.setattr(tracer_module, "DRAIN_DEFER_S", 60.0)
+    config, tag = own_topics(stack_config, "inflight")
+    config = config.with_overrides(spill_dir=str(tmp_path))
+    tracer = attach(spark, config)
+    query, n = f"q{tag}", 300
+    try:
+        tracer.batch_started(query, 2)
+        template = BatchContext(query, query, 0, 9, (SourceEdges("src", "kafka", None, 1),))
+        publisher = Publisher("outputs", query, ("_hw_rid", "src"), ("src",), (Group(template, dst="_hw_rid"),))
+        frame = spark.range(n, numPartitions=2).select(
+            (F.col("id") + 5_000).alias("_hw_rid"),
+            F.struct(F.col("id").alias("rid"), F.lit("orders").alias("topic"), F.lit(0).alias("partition"),
+                     F.col("id").alias("offset")).alias("src"))
+        column = tracer.journals.column(publisher, jar.Counts.make(spark, query), frame,
+                                        [F.col("_hw_rid"), F.col("src")])
+        spark.sparkContext.setLocalProperty(PROPERTY, Setting(2, None, None, {}).to_json())
+        try:
+            assert frame.where(column).count() == n
+        finally:
+            spark.sparkContext.setLocalProperty(PROPERTY, None)
+        journaled = sorted(tmp_path.glob("*.rows"))
+        assert len(journaled) == 2
+        time.sleep(2.5)  # two wakes of the tracer's thread
+        assert sorted(tmp_path.glob("*.rows")) == journaled
+        progress = {"batchId": 2, "runId": "r", "numInputRows": n, "durationMs": {}, "sources": [], "timestamp": None}
+        tracer.publish_log(LOG_PROGRESS, **progress_record(progress, query))
+        deadline = time.monotonic() + 10
+        while list(tmp_path.glob("*.rows")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not list(tmp_path.glob("*.rows"))
+    finally:
+        tracer.close()
+    consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000)
+    edges = set()
+    for message in consumer:
+        edges |= {(e["src"], e["dst"]) for e in decode_lineage(message.value)[1].to_pylist()}
+    consumer.close()
+    assert edges == {(i, i + 5_000) for i in range(n)}
