@@ -14,13 +14,13 @@ from pyspark.sql import functions as F
 
 from headwater.capture import attach, jar
 from headwater.capture import tracer as tracer_module
-from headwater.capture.journal import PROPERTY, Group, Publisher, Setting
-from headwater.capture.lineage import BatchContext, SourceEdges
+from headwater.capture.journal import PROPERTY, Setting
 from headwater.capture.listener import progress_record
 from headwater.capture.tracer import InFlight, collect
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, decode_lineage
+from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 
 from .conftest import own_topics
+from .test_journal import N, decoded, outputs, source_frame
 
 
 def record(schema: str, query: str = "q", batch: int = 0) -> tuple:
@@ -127,27 +127,22 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
     config, tag = own_topics(stack_config, "inflight")
     config = config.with_overrides(spill_dir=str(tmp_path))
     tracer = attach(spark, config)
-    query, n = f"q{tag}", 300
+    query = f"q{tag}"
     try:
         tracer.batch_started(query, 2)
-        template = BatchContext(query, query, 0, 9, (SourceEdges("src", "kafka", None, 1),))
-        publisher = Publisher("outputs", query, ("_hw_rid", "src"), ("src",), (Group(template, dst="_hw_rid"),))
-        frame = spark.range(n, numPartitions=2).select(
-            (F.col("id") + 5_000).alias("_hw_rid"),
-            F.struct(F.col("id").alias("rid"), F.lit("orders").alias("topic"), F.lit(0).alias("partition"),
-                     F.col("id").alias("offset")).alias("src"))
-        column = tracer.journals.column(publisher, jar.Counts.make(spark, query), frame,
+        frame = source_frame(spark)
+        column = tracer.journals.column(outputs(query), jar.Counts.make(spark, query), frame,
                                         [F.col("_hw_rid"), F.col("src")])
         spark.sparkContext.setLocalProperty(PROPERTY, Setting(2, None, None, {}).to_json())
         try:
-            assert frame.where(column).count() == n
+            assert frame.where(column).count() == N
         finally:
             spark.sparkContext.setLocalProperty(PROPERTY, None)
         journaled = sorted(tmp_path.glob("*.rows"))
-        assert len(journaled) == 2
+        assert len(journaled) == 3
         time.sleep(2.5)  # two wakes of the tracer's thread
         assert sorted(tmp_path.glob("*.rows")) == journaled
-        progress = {"batchId": 2, "runId": "r", "numInputRows": n, "durationMs": {}, "sources": [], "timestamp": None}
+        progress = {"batchId": 2, "runId": "r", "numInputRows": N, "durationMs": {}, "sources": [], "timestamp": None}
         tracer.publish_log(LOG_PROGRESS, **progress_record(progress, query))
         deadline = time.monotonic() + 10
         while list(tmp_path.glob("*.rows")) and time.monotonic() < deadline:
@@ -157,8 +152,8 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
         tracer.close()
     consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
                              consumer_timeout_ms=3000)
-    edges = set()
-    for message in consumer:
-        edges |= {(e["src"], e["dst"]) for e in decode_lineage(message.value)[1].to_pylist()}
-    consumer.close()
-    assert edges == {(i, i + 5_000) for i in range(n)}
+    try:
+        edges = decoded([message.value for message in consumer])[1]
+    finally:
+        consumer.close()
+    assert {(src, dst) for src, dst, _, _ in edges} == {(1000 + i * 7919, i * 7777) for i in range(N)}
