@@ -54,6 +54,20 @@ def read_log(config) -> list[dict]:
         consumer.close()
 
 
+def edges_published(config) -> list[tuple[bytes, dict]]:
+    """Every edge on the config's edges topic, with the key of the message that held it."""
+    from kafka import KafkaConsumer
+
+    from headwater.core.schema import decode_lineage
+
+    consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        return [(m.key, edge) for m in consumer for edge in decode_lineage(m.value)[1].to_pylist()]
+    finally:
+        consumer.close()
+
+
 def local_file(path: str) -> str:
     """A file's local path, resolved, whether Spark names it as a URI (escaped) or not."""
     from pathlib import Path

@@ -35,12 +35,13 @@ from headwater.capture.budget import LOG_ONLY
 from headwater.capture import attach
 from headwater.capture.sinks.spark_sinks import FileSink
 from headwater.core.rid import kafka_rid
-from headwater.core.schema import LOG_BATCH, decode_lineage
+from headwater.core.schema import LOG_BATCH
 from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 
-from .conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches, stop_when_idle
+from .conftest import (edges_published, index, local_file, own_topics, read_log, records_read, sink_file_batches,
+                       stop_when_idle)
 from .oracle import as_input
 from .test_sinks import fail_after_write
 
@@ -121,18 +122,6 @@ def read_all(query, last_offset: int, topic: str) -> None:
         time.sleep(0.2)
     stop_when_idle(query)
     assert query.exception() is None, query.exception()
-
-
-def edges_published(config) -> list[tuple[bytes, dict]]:
-    """Every edge on the config's edges topic, with the key of the message that held it."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    try:
-        return [(m.key, edge) for m in consumer for edge in decode_lineage(m.value)[1].to_pylist()]
-    finally:
-        consumer.close()
 
 
 class Stream:

@@ -9,7 +9,6 @@ import queue
 import threading
 import time
 
-from kafka import KafkaConsumer
 from pyspark.sql import functions as F
 
 from headwater.capture import attach, jar
@@ -19,8 +18,8 @@ from headwater.capture.listener import progress_record
 from headwater.capture.tracer import InFlight, collect
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 
-from .conftest import own_topics
-from .test_journal import N, decoded, outputs, source_frame
+from .conftest import edges_published, own_topics
+from .test_journal import N, outputs, source_frame
 
 
 def record(schema: str, query: str = "q", batch: int = 0) -> tuple:
@@ -150,10 +149,5 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
         assert not list(tmp_path.glob("*.rows"))
     finally:
         tracer.close()
-    consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=3000)
-    try:
-        edges = decoded([message.value for message in consumer])[1]
-    finally:
-        consumer.close()
-    assert {(src, dst) for src, dst, _, _ in edges} == {(1000 + i * 7919, i * 7777) for i in range(N)}
+    assert {(edge["src"], edge["dst"]) for _, edge in edges_published(config)} == {(1000 + i * 7919, i * 7777)
+                                                                                   for i in range(N)}
