@@ -18,10 +18,19 @@ buffer, a circuit breaker, and a local spill folder.
 
 The spill folder is also the journal the tasks write lineage rows to (``journal.py``): its
 bound counts both kinds of file.
+
+**One folder per destination.** ``spill_dir`` (by default the same for every job of a user on a host)
+is a root: each destination, a broker and an edges topic (``Destination``), has a folder of its own
+under it, named by the topic and a digest of both (``Destination.key``), with a ``destination.json``
+that says what it is for (no secrets). Every delivery, drain, breaker and bound works in one
+destination's folder, and every file names its destination too (a journal file's spec, a spilled
+message's header), so lineage journaled for one job is never sent to another job's topic or broker:
+a drain that meets a file of another destination moves it to that destination's folder unsent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -41,7 +50,51 @@ SENT, SPILLED, DROPPED = "sent", "spilled", "dropped"
 _SUFFIX = ".msg"
 _JOURNALED = (".msg", ".rows")  # what the folder's bound counts: spilled messages, journaled lineage rows
 _BREAKER = "breaker"
+DESTINATION_FILE = "destination.json"
 _counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where one job's lineage goes: the broker (its bootstrap servers) and the edges topic."""
+
+    bootstrap: str
+    edges_topic: str
+
+    @property
+    def key(self) -> str:
+        """The name of this destination's folder under the spill root: the topic, then a digest of the
+        broker's servers (in any order) and the topic, so two destinations never share a folder."""
+        servers = ",".join(sorted({s.strip() for s in self.bootstrap.split(",") if s.strip()}))
+        digest = hashlib.sha256(f"{servers}\n{self.edges_topic}".encode()).hexdigest()[:12]
+        return f"{self.edges_topic[:100]}-{digest}"
+
+    def folder(self, root: str | Path) -> Path:
+        return Path(root) / self.key
+
+    def describe(self, folder: Path) -> None:
+        """Write ``destination.json`` into the destination's folder, once: what its files are for."""
+        path = folder / DESTINATION_FILE
+        if path.exists():
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{DESTINATION_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"bootstrap": self.bootstrap, "edges_topic": self.edges_topic, "key": self.key}))
+        os.replace(tmp, path)
+
+
+def destinations(root: str | Path) -> dict[str, dict]:
+    """The destination folders under a spill root, by key, with what each one's ``destination.json`` says."""
+    found = {}
+    try:
+        for path in Path(root).glob(f"*/{DESTINATION_FILE}"):
+            try:
+                found[path.parent.name] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                found[path.parent.name] = {}
+    except FileNotFoundError:
+        pass
+    return found
 
 
 @dataclass(frozen=True)
@@ -49,31 +102,39 @@ class DeliverySettings:
     """How capture delivers messages; picklable, so executors get the same settings."""
 
     bootstrap: str
-    spill_dir: str
+    spill_dir: str  # the folder this delivery spills to: its destination's, for settings made ``of`` a config
     spill_max_bytes: int = 1 << 30
     buffer_bytes: int = 32 << 20  # unacknowledged bytes at most; beyond, wait send_timeout_s, then spill
     send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements, per flush
     breaker_cooldown_s: float = 5.0
     topic_partitions: int = 2  # for topics a returning broker lost (made again when probing)
+    destination: str = ""  # the ``Destination.key`` of ``spill_dir``; "": a folder of no one destination
     # The ``core.config.Config`` the Kafka clients take their security settings and topic replication
     # from; None: the effective config's (``adapters.kafka.config_of``). Not shown: it holds secrets.
     config: Config | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def of(config) -> "DeliverySettings":
-        """The settings a ``core.config.Config`` gives (the spill folder by default in headwater's home)."""
-        from headwater.core.config import default_home
-
+        """The settings a ``core.config.Config`` gives: its destination's folder under the spill root
+        (``spill_dir``, by default in headwater's home)."""
+        destination = Destination(config.bootstrap, config.edges_topic)
         return DeliverySettings(
-            config.bootstrap, config.spill_dir or str(default_home() / "spill"),
+            config.bootstrap, str(destination.folder(spill_root(config))),
             spill_max_bytes=config.spill_max_bytes, buffer_bytes=config.buffer_bytes,
             send_timeout_s=config.send_timeout_s, breaker_cooldown_s=config.breaker_cooldown_s,
-            topic_partitions=config.topic_partitions, config=config)
+            topic_partitions=config.topic_partitions, destination=destination.key, config=config)
 
     @property
     def kafka(self):
         """What ``adapters.kafka`` makes this delivery's clients from."""
         return self.config if self.config is not None else self.bootstrap
+
+
+def spill_root(config) -> str:
+    """The spill root of a ``core.config.Config``: ``spill_dir``, else ``spill`` in headwater's home."""
+    from headwater.core.config import default_home
+
+    return config.spill_dir or str(default_home() / "spill")
 
 
 class Breaker:
@@ -120,14 +181,15 @@ class Breaker:
 class Spill:
     """A folder of messages waiting for the broker, oldest first, bounded in bytes.
 
-    One file per message: a JSON header line (topic, key) and the value. Files are
-    written under a temporary name and renamed, and claimed by renaming before they
-    are sent, so concurrent writers and drainers never see half a message twice.
+    One file per message: a JSON header line (topic, key, and the ``destination`` key it was spilled
+    for) and the value. Files are written under a temporary name and renamed, and claimed by renaming
+    before they are sent, so concurrent writers and drainers never see half a message twice.
     """
 
-    def __init__(self, folder: str | Path, max_bytes: int):
+    def __init__(self, folder: str | Path, max_bytes: int, destination: str = ""):
         self.folder = Path(folder)
         self.max_bytes = max_bytes
+        self.destination = destination
 
     def files(self, suffix: str = _SUFFIX) -> list[Path]:
         """The folder's files of one kind, oldest first: spilled messages, or (``.rows``) journal files."""
@@ -155,7 +217,8 @@ class Spill:
             bounded: bool = True) -> int | None:
         """Spill one message; returns its size, or None when it does not fit (``used``: bytes already
         spilled). ``bounded=False`` spills it anyway: what it stands for was in the folder already."""
-        header = json.dumps({"topic": topic, "key": None if key is None else key.decode("latin-1")}).encode() + b"\n"
+        header = json.dumps({"topic": topic, "key": None if key is None else key.decode("latin-1"),
+                             "destination": self.destination}).encode() + b"\n"
         size = len(header) + len(value)
         if bounded and (self.size() if used is None else used) + size > self.max_bytes:
             return None
@@ -178,15 +241,35 @@ class Spill:
         return claimed
 
     def claim(self, path: Path) -> tuple[Path, str, bytes | None, bytes] | None:
-        """Take one spilled message for sending; None if another drainer took it first."""
+        """Take one spilled message of this folder's destination for sending; None if another drainer
+        took it first, or if it was spilled for another destination (moved to that one's folder)."""
         claimed = self.claim_file(path)
         if claimed is None:
             return None
         data = claimed.read_bytes()
         header, _, value = data.partition(b"\n")
         meta = json.loads(header)
+        if not self.owns(meta.get("destination", "")):
+            self.send_home(claimed, meta["destination"])
+            return None
         key = None if meta["key"] is None else meta["key"].encode("latin-1")
         return claimed, meta["topic"], key, value
+
+    def owns(self, destination: str | None) -> bool:
+        """Whether a file naming ``destination`` is this folder's to send: a file of no destination is
+        the folder's (it was written there); a folder of no destination sends what it holds."""
+        return not destination or not self.destination or destination == self.destination
+
+    def send_home(self, claimed: Path, destination: str) -> Path:
+        """Move a claimed file of another destination, unsent, into that destination's folder (a sibling
+        of this one), where that destination's own drain finds it."""
+        home = self.folder.parent / destination
+        home.mkdir(parents=True, exist_ok=True)
+        target = home / claimed.name[1:].rsplit(".", 2)[0]
+        os.replace(claimed, target)
+        log.warning("%s was written for destination %s, not %s: moved to %s, unsent", target.name, destination,
+                    self.destination, home)
+        return target
 
     def release_stale(self, older_than_s: float = 600.0) -> int:
         """Give back files whose drainer died: at once where its process is gone (a pid of this
@@ -232,7 +315,7 @@ class Delivery:
 
     def __init__(self, settings: DeliverySettings):
         self.settings = settings
-        self.spill = Spill(settings.spill_dir, settings.spill_max_bytes)
+        self.spill = Spill(settings.spill_dir, settings.spill_max_bytes, settings.destination)
         self.breaker = Breaker(Path(settings.spill_dir), settings.breaker_cooldown_s)
         self._producer = None
         # The topics known to exist since this process last saw the broker away: a broker that comes

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -116,9 +116,14 @@ def drain_command(spark: SparkSession, env: dict[str, str], idle_s: float = DRAI
 class Journals:
     """A session's journal filters: ``column(publisher, counts)`` makes one, true for every row, that
     journals the publisher's fields from the JVM; build it once per publisher and reuse it. ``drain``:
-    ``drain_command``'s JSON, or "" for executors that start no drain."""
+    ``drain_command``'s JSON, or "" for executors that start no drain.
 
-    def __init__(self, spark: SparkSession, folder: str, max_bytes: int, drain: str = ""):
+    ``folder`` is the journal folder on the driver's host; ``destination``, its ``delivery.Destination.key``
+    (the folder's name under the spill root), names an executor's folder under its own spill root, and
+    with ``writer`` (the tracer) goes into every file's spec. "": a folder of no one destination."""
+
+    def __init__(self, spark: SparkSession, folder: str, max_bytes: int, drain: str = "", destination: str = "",
+                 writer: str = ""):
         if built_digest() != source_digest():
             raise RuntimeError(f"{JAR} was not built from the Java sources beside it: rebuild it with "
                                f"`python -m headwater.capture.jar`")
@@ -126,6 +131,8 @@ class Journals:
         self.folder = folder
         self.max_bytes = max_bytes
         self.drain = drain
+        self.destination = destination
+        self.writer = writer
         loader = spark._jsparkSession.sharedState().jarClassLoader()
         if str(JAR) not in {url.getPath() for url in loader.getURLs()}:  # once per session: Spark warns after
             spark.sql(f"ADD JAR '{JAR}'")
@@ -185,11 +192,12 @@ class Journals:
         for i, acc in enumerate(counts.accumulators):
             accumulators[i] = acc
         late = publisher.fields.index(publisher.late) if publisher.late is not None else -1
-        args = [publisher.to_json(), self.folder, PROPERTY, self.max_bytes, publisher.mode, inputs, late,
+        spec = replace(publisher, destination=self.destination or None, writer=self.writer or None).to_json()
+        args = [spec, self.folder, self.destination, PROPERTY, self.max_bytes, publisher.mode, inputs, late,
                 str(publisher.op), self.drain, accumulators]
         string = jvm.java.lang.Class.forName("java.lang.String")
-        types = [string, string, string, string, jvm.java.lang.Long.TYPE, string, jvm.java.lang.Class.forName("[I"),
-                 jvm.java.lang.Integer.TYPE, string, string,
+        types = [string, string, string, string, string, jvm.java.lang.Long.TYPE, string,
+                 jvm.java.lang.Class.forName("[I"), jvm.java.lang.Integer.TYPE, string, string,
                  jvm.java.lang.Class.forName("[Lorg.apache.spark.util.LongAccumulator;")]
         column_class = jvm.java.lang.Class.forName("org.apache.spark.sql.Column")
         values = gateway.new_array(jvm.java.lang.Object, len(args) + 2)

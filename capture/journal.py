@@ -19,6 +19,11 @@ A publisher is one kind of lineage a traced query journals: the rows it writes t
 (``outputs``), the rows entering one of its stateful aggregates, or a black box, or its user's
 foreachBatch code. Its spec is plain JSON, written at the head of each of its files, so a drain
 anywhere converts any file without the query's plan.
+
+A journal file belongs to its job: it is written into the folder of the tracer's destination (broker
+and edges topic, ``delivery.Destination``) under the host's spill root, and its spec names that
+destination and the tracer that wrote it (``Publisher.destination``, ``writer``). A drain converts only
+its own destination's files; one of another destination is moved to that one's folder, unsent.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import pyarrow.compute as pc
 from headwater.core import rid as rids
 from headwater.core.schema import encode_lineage
 
-from .delivery import Delivery, DeliverySettings, Spill
+from .delivery import Delivery, DeliverySettings, Destination, Spill
 from .lineage import BatchContext, SourceEdges, lineage_tables, state_rids
 
 log = logging.getLogger("headwater.capture")
@@ -113,6 +118,8 @@ class Publisher:
     ``mode`` says how a sampled batch is sampled: ``row`` by the rid in field 0 (the row's own),
     ``input`` each input field by its own rid. ``inputs`` are the fields holding the sources of
     edges; ``late`` a field by which rows of aggregate ``op`` are late (``Setting.late``).
+    ``destination`` (a ``delivery.Destination.key``) and ``writer`` (the tracer) say whose lineage it is,
+    as ``jar.Journals`` writes it into each file.
     """
 
     name: str
@@ -123,6 +130,8 @@ class Publisher:
     mode: str = "row"
     late: str | None = None
     op: int | None = None
+    destination: str | None = None
+    writer: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "groups": [g.to_dict() for g in self.groups]}, separators=(",", ":"))
@@ -170,11 +179,10 @@ def payloads(publisher: Publisher, setting: Setting, rows: pa.Table,
             yield encode_lineage(nodes, edges)
 
 
-def convert(path: Path, topic: str) -> tuple[str, list[tuple[str, bytes, bytes]]]:
-    """A journal file's query, and its lineage as messages for the edges topic (keyed ``query/batch``)."""
-    publisher, setting, rows = read(path)
+def messages(publisher: Publisher, setting: Setting, rows: pa.Table, topic: str) -> list[tuple[str, bytes, bytes]]:
+    """Journaled rows' lineage as messages for the edges topic ``topic`` (keyed ``query/batch``)."""
     key = f"{publisher.query}/{setting.batch}".encode()
-    return publisher.query, [(topic, key, payload) for payload in payloads(publisher, setting, rows)]
+    return [(topic, key, payload) for payload in payloads(publisher, setting, rows)]
 
 
 class Drain:
@@ -183,13 +191,20 @@ class Drain:
     ``run_once`` claims the folder's ``*.rows`` files oldest first, converts and delivers each
     (``Delivery.deliver``: sent, or spilled as ``*.msg`` while the broker is away, past the folder's
     bound if need be), and deletes it;
-    a file that cannot be read is moved aside as ``*.rows.bad`` (logged) rather than retried forever.
+    a file that cannot be read is moved aside as ``*.rows.bad`` (logged) rather than retried forever,
+    and one of another destination to that destination's folder (``Spill.send_home``).
     """
 
     def __init__(self, settings: DeliverySettings, topic: str, on_sent=None):
+        if settings.destination:
+            destination = Destination(settings.bootstrap, topic)
+            if destination.key != settings.destination:
+                raise ValueError(f"a drain of {settings.destination}'s folder cannot send to topic {topic!r} "
+                                 f"of {settings.bootstrap}")
+            destination.describe(Path(settings.spill_dir))
         self.settings = settings
         self.topic = topic
-        self.spill = Spill(settings.spill_dir, settings.spill_max_bytes)
+        self.spill = Spill(settings.spill_dir, settings.spill_max_bytes, settings.destination)
         self.on_sent = on_sent  # (query, messages, payload bytes, seconds since journaled) per file
         self.delivery: Delivery | None = None
 
@@ -210,18 +225,23 @@ class Drain:
                 continue
             journaled = claimed.stat().st_mtime
             try:
-                query, messages = convert(claimed, self.topic)
+                publisher, setting, rows = read(claimed)
+                owned = self.spill.owns(publisher.destination)
+                sent = messages(publisher, setting, rows, self.topic) if owned else []
             except Exception:
                 log.exception("journal file %s cannot be read; kept aside as %s.bad", path.name, path.name)
                 os.replace(claimed, path.with_name(path.name + ".bad"))
                 continue
+            if not owned:
+                self.spill.send_home(claimed, publisher.destination)
+                continue
             self.delivery = self.delivery or Delivery(self.settings)
             # Unbounded: what is not sent is spilled, since the file it replaces was counted in the bound.
-            self.delivery.deliver(messages, bounded=False)
+            self.delivery.deliver(sent, bounded=False)
             claimed.unlink(missing_ok=True)
             done += 1
             if self.on_sent is not None:
-                self.on_sent(query, len(messages), sum(len(m[2]) for m in messages), time.time() - journaled)
+                self.on_sent(publisher.query, len(sent), sum(len(m[2]) for m in sent), time.time() - journaled)
         return done
 
     def pending(self) -> int:

@@ -77,6 +77,10 @@ class ProgressListener:
         """Keep the progress of the streaming query Spark knows as ``spark_name``."""
         self._listener.watch(spark_name)
 
+    def forget(self, spark_name: str) -> None:
+        """Keep no more progress of the streaming query ``spark_name`` (its start failed)."""
+        self._listener.forget(spark_name)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:

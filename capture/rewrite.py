@@ -42,17 +42,30 @@ from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 from headwater.core import rid as rids
 from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode, column_masks, state_dataset
 
-from .spark_plan import Jvm, analyzed, digested, plan_ir, python_function
+from .spark_plan import Jvm, analyzed, digested, plan_ir, preorder, python_function
 
 SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
 BLACK_BOX_MARKER = "_hw_bb"
 
-# Operators whose output is their child's output plus, at most, new columns: the rid
-# columns pass through them as they are. Deduplicate keeps one row per key; its output
-# row derives from that row, whose values it is.
-_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate", "Deduplicate", "Repartition"}
-_TRACED = _PASS_THROUGH | {"Project", "Join", "Union", "Aggregate", "Expand"}
+# Operators whose output rows are rows of their child, kept, dropped, reordered or moved, with at most
+# new columns: the rid columns pass through them as they are. Deduplicate keeps one row per key, its
+# output row derives from that row, whose values it is; a limit, a sample or a sort keeps whichever rows
+# Spark keeps, each with its own rids; an observation (CollectMetrics) or a hint changes no row.
+_PASS_THROUGH = {"Filter", "Alias", "EventTimeWatermark", "Generate", "Deduplicate", "Repartition", "Sort", "Limit",
+                 "Sample", "Observe", "Hint", "Sequence"}
+_TRACED = _PASS_THROUGH | {"Project", "Join", "Union", "Aggregate", "Expand", "LateralJoin"}
+# Why an operator is not traced, where it is not: what Spark does with it over a stream.
+_REFUSED = {
+    "Intersect": "Spark refuses INTERSECT over a stream (its UnsupportedOperationChecker), so no streaming query "
+                 "holds one; the same query untraced fails at start",
+    "Except": "EXCEPT ALL (exceptAll) emits each row as many times as its copies on the left outnumber those on the "
+              "right, counted by Spark's RewriteExceptAll over a union of the stream and the static table, a plan "
+              "Spark refuses to run as a stream once written out; subtract (EXCEPT DISTINCT) and a left anti join "
+              "are traced",
+    "Window": "Spark refuses window functions (over) on a stream other than time windows in an aggregation; the "
+              "same query untraced fails at start",
+}
 # Join types traced by carrying rid columns through the join. An anti join's output
 # derives from its left row alone: no right row contributed to it. A semi join's output
 # also derives from the right rows that matched, which its output cannot carry: it is
@@ -210,8 +223,10 @@ def _late_column(jvm: Jvm, grouping: list) -> tuple[Column | None, int | None]:
 
 
 def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: dict[str, TracedSource],
-                masks: dict[int, int], query: str | None, entering: Entering | None) -> tuple[object, list, StateOp]:
-    """The Aggregate with a state key column per input rid column, and the filter below it."""
+                masks: dict[int, int], query: str | None, entering: Entering | None,
+                drops_late: bool = True) -> tuple[object, list, StateOp]:
+    """The Aggregate with a state key column per input rid column, and the filter below it; ``drops_late=False``
+    where Spark drops no late row (complete mode): no watermark column then goes to the filter."""
     child = jvm.dataframe(plan)
     grouping = Jvm.items(original.groupingExpressions())
     keys_of = [jvm.column(g) for g in grouping]
@@ -219,7 +234,7 @@ def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: d
     columns = tuple(f"{SOURCE_PREFIX}{node.id}_{s.node_id}" for s in inputs)
     keys = [F.xxhash64(F.lit(rids.STATE), F.lit(query or ""), F.lit(node.id), F.lit(s.node_id), *keys_of)
             for s in inputs]
-    late, late_key = _late_column(jvm, grouping)
+    late, late_key = _late_column(jvm, grouping) if drops_late else (None, None)
     op = StateOp(node.id, state_dataset("Aggregate", node.id), inputs, columns,
                  tuple(masks.get(s.node_id, -1) for s in inputs), late_key)
     if entering is not None:
@@ -276,7 +291,10 @@ def semi_join(jvm: Jvm, original, node: PlanNode, left: tuple, right: tuple):
     when every right column the condition reads is equated to a left-side value.
     """
     if node.children[1].streaming:
-        raise UnsupportedPlanError(node, "left semi joins with a streaming right side are not traced yet")
+        raise UnsupportedPlanError(node, "a left semi join with a streaming right side emits each left row once, from "
+                                         "Spark's join state, when its first match arrives, and no column of the right "
+                                         "rows that matched comes out of it, so their rids cannot reach the output; an "
+                                         "inner join of the two streams is traced")
     keys = jvm.equi_join_keys(original)
     right_plan, right_attrs = right
     right_ids = {a.exprId().id() for a in Jvm.items(original.right().output())}
@@ -383,21 +401,55 @@ def _with_black_box_inputs(jvm: Jvm, plan, rid_attrs: list, branches: list):
     return analyzed(union)
 
 
+# Relations whose one row holds nothing of the user's data: a lateral subquery over one reads no table.
+_NO_ROWS = {"OneRowRelation"}
+
+
+def lateral_rows_unread(jvm: Jvm, lateral, node: PlanNode) -> None:
+    """Refuse a lateral join whose subquery reads a table's rows: those rows contribute to the output, but live
+    in Spark's LateralSubquery expression, which carries no rid column out. One that reads none (a table-valued
+    function or a Python UDTF over the outer row, ``spark.tvf.explode(col.outer())``) makes each output row of
+    its outer row alone, which passes its rids through."""
+    subquery = lateral.right().plan()
+    read = [n.getClass().getSimpleName() for n in preorder(subquery) if n.children().isEmpty()]
+    tables = [name for name in read if name not in _NO_ROWS]
+    if tables:
+        raise UnsupportedPlanError(node, f"its lateral subquery reads rows of a table ({', '.join(sorted(set(tables)))}"
+                                         f"), which Spark evaluates inside the LateralSubquery expression, out of reach "
+                                         f"of rid columns; join the table to the stream instead")
+
+
+def desugared(df: DataFrame) -> DataFrame:
+    """``df`` with DISTINCT and EXCEPT DISTINCT written as Spark's optimizer writes them before it runs any
+    query (``ReplaceExceptWithAntiJoin``, ``ReplaceDistinctWithAggregate``): a left anti join with null-safe
+    equality on every column, and an aggregate grouping by every column. The rows are Spark's own; the
+    lineage is then that of a join and of an aggregate's groups (state nodes over a stream)."""
+    plan = analyzed(df)
+    classes = {n.getClass().getSimpleName() for n in preorder(plan)}
+    if not classes & {"Distinct", "Except"}:
+        return df
+    rules = df.sparkSession._jvm.org.apache.spark.sql.catalyst.optimizer
+    plan = rules.ReplaceDistinctWithAggregate.apply(rules.ReplaceExceptWithAntiJoin.apply(plan))
+    return Jvm(df.sparkSession).dataframe(plan)
+
+
 def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
                 black_boxes: frozenset[str] = frozenset(), query: str | None = None,
-                entering: Entering | None = None) -> Threaded:
+                entering: Entering | None = None, drops_late: bool = True) -> Threaded:
     """Rebuild ``df``'s plan (of query ``query``) with rid columns threaded to its root.
 
     ``black_boxes`` names Spark plan classes (e.g. ``"GlobalLimit"``) to trace as black
     boxes besides those headwater always treats so (user code over pandas or state).
     ``entering`` journals the rows entering each stateful aggregate (``Entering``); without
-    it the plan computes state keys but journals nothing of what enters.
+    it the plan computes state keys but journals nothing of what enters. ``drops_late=False``
+    for complete mode, where Spark's aggregates drop no late row.
     """
     keys = keys or {}
     clash = [c for c in df.columns if c in (RID_COLUMN, BLACK_BOX_MARKER) or c.startswith(SOURCE_PREFIX)]
     if clash:
         raise ValueError(f"columns {clash} clash with headwater's own; rename them")
     jvm = Jvm(df.sparkSession)
+    df = desugared(df)
     ir, jnodes = plan_ir(df)
     masks = column_masks(ir)
     traced: dict[str, TracedSource] = {}  # by rid column
@@ -416,17 +468,23 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
             return plan, [Jvm.items(plan.output())[-1]]
         if node.kind == "BlackBox" or node.spark_class in black_boxes:
             rewritten = [rewrite(child) for child in node.children]
-            branches.extend((node.id, plan) for plan, _ in rewritten)
+            # A static child (transformWithState's initial state) has no branch: Spark runs no union of a
+            # stream and a table, and its rows enter the black box's state before any batch.
+            branches.extend((node.id, plan) for child, (plan, _) in zip(node.children, rewritten) if child.streaming)
             # The black box reads its children's own columns, as the user wrote it.
             children = [jvm.project(_user_attrs(plan, attrs), plan) for plan, attrs in rewritten]
             plan, attr, spec = black_box_source(jvm, node, jvm.with_children(original, children))
             traced[spec.column] = spec
-            inputs = tuple(a.name() for _, attrs in rewritten for a in attrs)
+            inputs = tuple(a.name() for child, (_, attrs) in zip(node.children, rewritten) if child.streaming
+                           for a in attrs)
             boxes.append(BlackBox(node.id, spec.column, spec.dataset, inputs, spec.stateful, node.spark_class,
                                   digest_positions(node), python_function(df.sparkSession, original)))
             return plan, [attr]
         if node.kind not in _TRACED:
-            raise UnsupportedPlanError(node, f"{node.kind} operators are not traced yet")
+            raise UnsupportedPlanError(node, _REFUSED.get(node.spark_class, f"no operator of Spark's {node.kind} "
+                                                          f"kind is known to headwater"))
+        if node.kind == "LateralJoin":
+            lateral_rows_unread(jvm, original, node)
         if node.kind == "Join" and node.detail["join_type"] not in _JOINS:
             raise UnsupportedPlanError(
                 node, f"{node.detail['join_type']} joins are not traced yet (the matching right rows belong to "
@@ -436,7 +494,8 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
         if node.kind == "Union":
             return union(jvm, original, node, rewritten)
         if node.kind == "Aggregate" and node.streaming and rewritten[0][1] and not _merges_groups(original):
-            plan, attrs, op = state_nodes(jvm, original, node, *rewritten[0], traced, masks, query, entering)
+            plan, attrs, op = state_nodes(jvm, original, node, *rewritten[0], traced, masks, query, entering,
+                                          drops_late)
             state_ops.append(op)
             return plan, attrs
         if node.kind == "Aggregate":
@@ -448,7 +507,7 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
             projections = [Jvm.items(p) + attrs for p in Jvm.items(original.projections())]
             return jvm.expand(projections, Jvm.items(original.output()) + attrs, plan), attrs
         children = [plan for plan, _ in rewritten]
-        if node.kind == "Join" and node.detail["join_type"] in _JOINS_KEEPING_LEFT_ONLY:
+        if node.kind in ("LateralJoin", "Join") and node.detail.get("join_type") in _JOINS_KEEPING_LEFT_ONLY:
             rid_attrs = rewritten[0][1]
         else:
             rid_attrs = [a for _, attrs in rewritten for a in attrs]

@@ -100,6 +100,9 @@ def raw_node(node) -> RawNode:
         fields = json.loads(node.toJSON())[0]
     except Exception:  # some nodes hold values Spark cannot render as JSON
         fields = {"class": node.getClass().getName()}
+    if fields.get("projections", ()) is None:  # an Expand's: Spark writes a list of lists of expressions as null
+        fields["projections"] = [[json.loads(e.toJSON()) for e in Jvm.items(projection)]
+                                 for projection in Jvm.items(node.projections())]
     return {
         "spark_class": node.getClass().getSimpleName(),
         "location": _file_location(node),
@@ -225,7 +228,8 @@ def digested(dtype: str) -> bool:
 
 def python_function(spark: SparkSession, node) -> dict | None:
     """What re-running a black box's user function needs, read off its plan node, or None for a node
-    that runs no Python function (a limit named a black box, Scala's mapPartitions…).
+    that runs no Python function (a limit named a black box, Scala's mapPartitions…) or reads more than
+    one child (a cogroup, transformWithState with its initial state): re-running those is not modelled.
 
     ``command`` is the function as PySpark pickled it into the plan (cloudpickle of ``(function,
     return type)``); ``eval_type`` PySpark's ``PythonEvalType``; ``grouping`` the positions in the
@@ -237,7 +241,7 @@ def python_function(spark: SparkSession, node) -> dict | None:
         expression = node.functionExpr()
     except Exception:
         return None
-    if expression.getClass().getSimpleName() != "PythonUDF":
+    if expression.getClass().getSimpleName() != "PythonUDF" or node.children().size() != 1:
         return None
     command = expression.func().command()
     data = bytes(command.toArray(spark._jvm.scala.reflect.ClassTag.Byte()))

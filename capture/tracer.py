@@ -16,9 +16,11 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import uuid
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql import functions as F
@@ -34,6 +36,7 @@ from headwater.core.plan import column_masks, location_key, places, plan_fingerp
 from headwater.core.schema import LOG_BATCH, LOG_PROGRESS, encode_log
 
 from . import metrics
+from .batch_errors import for_the_stream
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .jar import Counts, Journals, drain_command
@@ -88,10 +91,13 @@ class Tracer:
         self.spark = spark
         self.config = config
         self.delivery_settings = DeliverySettings.of(config)
-        # The hot path journals lineage from the JVM into the spill folder; this tracer's own thread
-        # turns what is journaled into payloads on the edges topic (``journal.Drain``).
+        # The hot path journals lineage from the JVM into its destination's folder under the spill root, each
+        # file naming the destination and this tracer, so that no other job's drain sends it elsewhere
+        # (``delivery.Destination``); this tracer's own thread turns it into payloads (``journal.Drain``).
+        self.tracer_id = f"{spark.sparkContext.applicationId}/{uuid.uuid4().hex[:12]}"
         self.journals = Journals(spark, self.delivery_settings.spill_dir, config.spill_max_bytes,
-                                 drain_command(spark, drain_env(config)))
+                                 drain_command(spark, drain_env(config)),
+                                 destination=self.delivery_settings.destination, writer=self.tracer_id)
         self._drain = Drain(self.delivery_settings, config.edges_topic, on_sent=metrics.record_sent)
         self._log_queue: queue.Queue = queue.Queue(maxsize=10_000)
         self._queries: dict[str, str] = {}  # Spark query name → traced query name
@@ -106,16 +112,29 @@ class Tracer:
         self._shipper = threading.Thread(target=self._ship, name="headwater-log", daemon=True)
         self._shipper.start()
 
-    def name_query(self, spark_name: str, traced_name: str) -> None:
-        """Spark's name of a traced query's streaming query, for the progress listener."""
+    def name_query(self, spark_name: str, traced_name: str) -> str | None:
+        """Spark's name of a traced query's streaming query, for the progress listener; the traced query
+        the name stood for before, if any (``forget_query`` gives it back)."""
+        previous = self._queries.get(spark_name)
         self._queries[spark_name] = traced_name
         self._listener.watch(spark_name)
+        return previous
 
     def start_query(self, writer, traced_name: str) -> StreamingQuery:
         """Start a traced query's ``DataStreamWriter``, noting its Spark id."""
         query = writer.start()
         self._query_ids[str(query.id)] = traced_name
         return query
+
+    def forget_query(self, spark_name: str, traced_name: str, previous: str | None) -> None:
+        """Undo ``name_query`` (``previous``: what it returned) and ``log_batches`` for a start that failed."""
+        if previous is None:
+            self._queries.pop(spark_name, None)
+            self._listener.forget(spark_name)
+        else:  # the name is another traced query's, which may be running
+            self._queries[spark_name] = previous
+        if traced_name not in self._queries.values():
+            self._logged.pop(traced_name, None)
 
     def _traced_by_id(self, spark_id: str) -> str | None:
         """The traced query of a Spark query id (None for any other), looked up once per id."""
@@ -181,7 +200,7 @@ class Tracer:
         delivery.close(timeout_s=self.config.send_timeout_s)
         try:  # what the last batches journaled, before the process may end
             if not self._drain.flush(timeout_s=self.config.send_timeout_s):
-                log.warning("lineage is left in %s for the next tracer on this host to send",
+                log.warning("lineage is left in %s for the next tracer or drain of its destination on this host",
                             self.delivery_settings.spill_dir)
         except Exception:
             log.exception("sending the journal at close failed; it stays in %s", self.delivery_settings.spill_dir)
@@ -216,9 +235,11 @@ class Tracer:
         # With capture turned off (log-only), the aggregates get no entering filter: nothing would be journaled.
         entering = None if self.config.capture == LOG_ONLY else \
             functools.partial(entering_column, query=name, journals=self.journals, counts=counts)
-        threaded = thread_rids(df, keys, frozenset(black_boxes), name, entering)
+        retrace = functools.partial(thread_rids, df, keys, frozenset(black_boxes), name, entering)
+        threaded = retrace()
         fingerprint = plan_fingerprint(analyzed(df).toJSON(), places(threaded.ir))
-        return Traced(self, threaded, name, emit_rid, fingerprint, counts, _optimized_plan(df, name))
+        return Traced(self, threaded, name, emit_rid, fingerprint, counts, _optimized_plan(df, name), analyzed(df),
+                      retrace)
 
     def close(self) -> None:
         """Stop listening and flush the log and the journal; call it after the traced queries have stopped.
@@ -251,8 +272,9 @@ class Tracer:
             self._log_queue.put_nowait((self.config.log_topic, key, schema, fields, later))
         except queue.Full:  # the log thread is far behind: keep the record on disk instead
             value = encode_log(schema, **fields, **(later() if later else {}))
-            if Spill(self.delivery_settings.spill_dir, self.config.spill_max_bytes).put(
-                    self.config.log_topic, key, value) is None:
+            spill = Spill(self.delivery_settings.spill_dir, self.config.spill_max_bytes,
+                          self.delivery_settings.destination)
+            if spill.put(self.config.log_topic, key, value) is None:
                 log.error("spill full: log record %s of %s lost", schema, fields.get("query"))
 
 
@@ -347,6 +369,16 @@ class Traced:
     fingerprint: str  # of the user's plan, equal across runs of the same code
     counts: Counts  # what its journal filters journaled, and their time in the tasks
     optimized: list | None = None  # the user's optimized plan records (``spark_plan.optimized_records``)
+    user_plan: object = None  # the user's analyzed JVM plan, which Spark's checks at start are asked of
+    retrace: Callable[..., Threaded] | None = None  # ``thread_rids`` of the user's plan, as ``trace`` called it
+
+    def in_complete_mode(self) -> "Traced":
+        """As traced for complete mode, where Spark's aggregates drop no late row: the rows entering them carry
+        no watermark column to the journal, which then needs no watermark of the batch, so that a job Spark
+        runs for the batch before the hook (``Journal.sparkSetting``: a sort's range sample) journals them."""
+        if self.retrace is None or all(op.late_key is None for op in self.threaded.state_ops):
+            return self
+        return replace(self, threaded=self.retrace(drops_late=False))
 
     @property
     def writeStream(self) -> "TracedWriter":
@@ -474,6 +506,16 @@ class BatchHook:
         return ClassicDataFrame(self.jvm.sinkRows(rows._jdf, None), rows.sparkSession)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        try:
+            self.run_batch(batch_df, batch_id)
+        except Py4JJavaError as error:  # never its Java trace to Spark's stream thread: ``batch_errors``
+            try:
+                job_group = batch_df.sparkSession.sparkContext.getLocalProperty("spark.jobGroup.id")
+            except Exception:  # the JVM does not answer an interrupted thread
+                job_group = None
+            raise for_the_stream(error, job_group) from None
+
+    def run_batch(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self.traced.tracer.batch_started(self.traced.name, batch_id)
         versions = self.table_versions()  # as the batch reads them: a table may change before the next

@@ -5,7 +5,10 @@ settings name the user's sink, which ``start()``/``toTable()`` open as Spark wou
 (``capture.sinks``) before the traced query runs as a ``foreachBatch`` query (or, log-only
 into a file sink, as Spark's file sink query: ``log_only.py``). What
 headwater cannot honour (a continuous trigger, a sink it cannot write as Spark would)
-fails at ``start()`` with a ``SinkError`` that names it.
+fails at ``start()`` with a ``SinkError`` that names it. What Spark itself refuses of the user's
+query at start (an operation its output mode does not allow, a missing checkpoint) fails with
+Spark's own error, raised from the user's plan before anything of the traced query is made
+(``spark_refusal``); a start that fails later leaves no registration of the attempt behind.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from . import checkpoint, log_only, metrics
 from .rewrite import RID_COLUMN
 from .sinks import CONTINUOUS_TRIGGERS, FOREACH, FOREACH_BATCH, MEMORY, CONSOLE, NOOP, SinkError, SinkSpec, \
     open_sink, option
-from .sinks.jvm import OUTPUT_MODES
+from .sinks.jvm import OUTPUT_MODES, output_mode
 from .sinks.python_sinks import partition_writer
 
 ONE_TIME_SINKS = (MEMORY, FOREACH, FOREACH_BATCH, CONSOLE, NOOP)  # Spark lets these run without a checkpoint
@@ -127,12 +130,17 @@ class TracedWriter:
         from .tracer import BatchHook
 
         traced = self._traced
+        if self._output_mode.lower() == "complete":
+            traced = traced.in_complete_mode()
         spark = traced.tracer.spark
         spec = self._sink
         if spec.format is None:
             spec.format = spark.conf.get("spark.sql.sources.default")
         schema = self._sink_schema()
         self._check(spark, schema)
+        refusal = spark_refusal(spark, traced.user_plan, self._output_mode, self._needs_checkpoint(spark))
+        if refusal is not None:
+            raise refusal
         query_name = option(spec.options, "queryName") or traced.name
         hook = BatchHook(traced, spec)
         metrics.OVERHEAD_BUDGET.labels(traced.name).set(traced.tracer.config.overhead_budget)
@@ -146,7 +154,7 @@ class TracedWriter:
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         writer = writer.queryName(query_name)
-        traced.tracer.name_query(query_name, traced.name)
+        named_before = traced.tracer.name_query(query_name, traced.name)
         traced.tracer.log_batches(traced.name, logged)
         if self._checkpoint:
             writer = writer.option("checkpointLocation", self._checkpoint)
@@ -165,7 +173,11 @@ class TracedWriter:
             black_boxes=[{**box.to_dict(), **signing.signed(traced.name, box.node_id, box.function, key)}
                          for box in traced.threaded.black_boxes],
         )
-        query = traced.tracer.start_query(writer, traced.name)
+        try:
+            query = traced.tracer.start_query(writer, traced.name)
+        except BaseException:
+            traced.tracer.forget_query(query_name, traced.name, named_before)
+            raise
         hook.sink.started(query_name)
         return query
 
@@ -190,11 +202,13 @@ class TracedWriter:
         columns = [f.name for f in schema.fields]
         spec.partition_by = _normalized(spark, spec.partition_by, columns, "partition")
         spec.cluster_by = _normalized(spark, spec.cluster_by, columns, "clustering")
-        if (spec.table or spec.format not in ONE_TIME_SINKS) and not self._checkpoint \
-                and not spark.conf.get("spark.sql.streaming.checkpointLocation", None):
-            # Spark's rule: without a checkpoint a restart would begin at batch 0 again, and a
-            # sink with a commit log would take its batches for ones it already holds.
-            raise SinkError(f"the {spec.describe()} sink needs a checkpoint: .option('checkpointLocation', …)")
+
+    def _needs_checkpoint(self, spark) -> bool:
+        """Spark's rule: a sink other than the one-time ones needs a checkpoint, since a restart would
+        begin at batch 0 again and a sink with a commit log would take its batches for ones it holds."""
+        spec = self._sink
+        return bool((spec.table or spec.format not in ONE_TIME_SINKS) and not self._checkpoint
+                    and not spark.conf.get("spark.sql.streaming.checkpointLocation", None))
 
     def _sink_schema(self) -> StructType:
         """The columns the sink gets: the user's, and ``_hw_rid`` unless ``emit_rid=False``."""
@@ -203,6 +217,27 @@ class TracedWriter:
         if self._traced.emit_rid:
             fields.append(StructField(RID_COLUMN, LongType(), False))
         return StructType(fields)
+
+
+def spark_refusal(spark, plan, mode: str, checkpoint_missing: bool) -> Exception | None:
+    """Spark's own error for what it refuses of a streaming query at start, as PySpark raises it: a missing
+    checkpoint, then an operation of ``plan`` (the user's analyzed plan) that output ``mode`` does not allow
+    (Spark's ``UnsupportedOperationChecker``, unless ``spark.sql.streaming.unsupportedOperationCheck`` is
+    off). None if Spark would start it. Asked of the user's plan, not the traced one, so that the message
+    (which may print the plan) is the one the query gets untraced."""
+    from pyspark.errors.exceptions.captured import CapturedException, convert_exception
+
+    jvm = spark._jvm
+    if checkpoint_missing:
+        return convert_exception(jvm.org.apache.spark.sql.errors.QueryCompilationErrors.checkpointLocationNotSpecifiedError())
+    if spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true").lower() != "true":
+        return None
+    try:
+        jvm.org.apache.spark.sql.catalyst.analysis.UnsupportedOperationChecker.checkForStreaming(
+            plan, output_mode(jvm, mode))
+    except CapturedException as refused:  # PySpark's own conversion of the JVM's AnalysisException
+        return refused
+    return None
 
 
 def _has_offsets(location: str | None) -> bool:

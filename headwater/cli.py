@@ -191,17 +191,31 @@ def drain(ctx: click.Context, idle: float) -> None:
     """Send the lineage capture journaled on this host (HEADWATER_SPILL_DIR) to the edges topic.
 
     A tracer sends what its own host journals; run this where Spark executors journal and no
-    tracer runs (executors on other hosts). One drain runs per folder: a second exits at once.
+    tracer runs (executors on other hosts). It sends only the lineage of its own destination (the
+    broker and edges topic of its settings), from that destination's folder under the spill folder,
+    and names the other destinations that have lineage waiting there. One drain runs per folder: a
+    second exits at once.
     """
-    from headwater.capture.delivery import DeliverySettings
-    from headwater.capture.journal import drain_until_idle
+    from headwater.capture.delivery import DeliverySettings, Spill, destinations, spill_root
+    from headwater.capture.journal import ROWS, drain_until_idle
     from headwater.core import config as configuration
 
     config = configuration.load()
     settings = DeliverySettings.of(config)
     drained = drain_until_idle(settings, config.edges_topic, idle_s=idle)
-    _emit({"drained": drained, "folder": settings.spill_dir} if drained else
-          {"drained": False, "folder": settings.spill_dir, "reason": "another drain holds the folder"})
+    result = {"drained": drained, "folder": settings.spill_dir}
+    if not drained:
+        result["reason"] = "another drain holds the folder"
+    root = spill_root(config)
+    waiting = []
+    for key, described in sorted(destinations(root).items()):
+        spill = Spill(Path(root) / key, config.spill_max_bytes)
+        files = len(spill.files(ROWS)) + len(spill.files())
+        if key != settings.destination and files:
+            waiting.append({**described, "folder": str(spill.folder), "files": files})
+    if waiting:
+        result["others_waiting"] = waiting  # lineage of other jobs: a drain with their settings sends it
+    _emit(result)
 
 
 @main.command("compact")

@@ -63,7 +63,9 @@ KINDS = {
     "Source": "source", "Project": "project", "Filter": "filter", "Join": "join", "Aggregate": "aggregate",
     "Window": "window function", "Generate": "generate", "Union": "union", "Deduplicate": "deduplicate",
     "Expand": "expand", "EventTimeWatermark": "watermark", "Repartition": "repartition", "BlackBox": "black box",
-    "Alias": "alias", "Unknown": "unknown",
+    "Alias": "alias", "Sort": "sort", "Limit": "limit", "Sample": "sample", "Observe": "observe", "Hint": "hint",
+    "Sequence": "sequence", "LateralJoin": "lateral join", "Distinct": "distinct", "SetOperation": "set operation",
+    "Unknown": "unknown",
 }
 FOREACH_BATCH = {"id": rids.FOREACH_BATCH_OP, "kind": "black box", "name": "foreachBatch",
                  "spark_class": "foreachBatch", "inputs": []}

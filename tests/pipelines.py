@@ -12,7 +12,10 @@ Lineage semantics the oracle encodes (and capture must match):
 - inner / left outer join with a static table: from the stream row and, when one
   matched, the table row; left semi join: from the stream row and the table rows
   that matched, though it outputs only the stream row's columns; left anti join: from
-  the stream row alone (no table row contributed to it).
+  the stream row alone (no table row contributed to it);
+- unpivot, every generator (inline, stack, json_tuple, …) and a lateral join with a
+  table-valued function: each row made from a row derives from that row;
+- hints, range repartitioning, coalesce, observations, an index column: each row from itself.
 """
 
 from __future__ import annotations
@@ -205,6 +208,91 @@ class Repartition:
 
 
 @dataclass
+class Reshuffle:
+    """Operators that keep every row as it is: a range repartition, a coalesce, an observation, an index."""
+
+    kind: str  # range | coalesce | observe | index
+
+    def spark(self, df, env):
+        if self.kind == "range":
+            return df.repartitionByRange(3, "v")
+        if self.kind == "coalesce":
+            return df.coalesce(1)
+        if self.kind == "observe":
+            return df.observe(f"observed_{id(self)}", F.count(F.lit(1)).alias("rows"), F.max("v").alias("top"))
+        return df.zipWithIndex("ix").drop("ix")
+
+    def run(self, rows, env):
+        return rows
+
+
+@dataclass
+class HintedJoin:
+    """``JoinDims`` with the dims table under a broadcast hint."""
+
+    how: str
+
+    def spark(self, df, env):
+        return df.join(env.dims_df.hint("broadcast"), "k", self.how)
+
+    def run(self, rows, env):
+        return JoinDims(self.how).run(rows, env)
+
+
+@dataclass
+class Unpivot:
+    """``unpivot(ids, values, "var", "val")``: one row per value column of each row (nulls kept)."""
+
+    ids: tuple
+    values: tuple
+
+    def spark(self, df, env):
+        return df.unpivot(list(self.ids), list(self.values), "var", "val")
+
+    def run(self, rows, env):
+        return [({**{c: r[c] for c in self.ids}, "var": v, "val": r[v]}, lin) for r, lin in rows for v in self.values]
+
+
+def _tag_structs(tags):
+    return [{"a": t, "b": None if t is None else t * 2} for t in tags] if tags is not None else None
+
+
+@dataclass
+class Generator:
+    """A generator of Spark's besides explode: ``inline``/``inline_outer`` over structs made of ``tags``,
+    ``stack(2, k, v)``, ``json_tuple`` over a JSON text of ``k`` and ``s``, or a lateral join with
+    ``spark.tvf.explode`` of ``tags``."""
+
+    kind: str  # inline | inline_outer | stack | json_tuple | lateral
+
+    def spark(self, df, env):
+        structs = F.transform("tags", lambda t: F.struct(t.alias("a"), (t * 2).alias("b")))
+        if self.kind == "inline":
+            return df.select("*", F.inline(structs))
+        if self.kind == "inline_outer":
+            return df.select("*", F.inline_outer(structs))
+        if self.kind == "stack":
+            return df.select("*", F.expr("stack(2, k, v) AS (x)"))
+        if self.kind == "json_tuple":
+            return df.select("*", F.json_tuple(F.to_json(F.struct("k", "s")), "k", "s").alias("jk", "js"))
+        return df.lateralJoin(df.sparkSession.tvf.explode(F.col("tags").outer())).withColumnRenamed("col", "tag")
+
+    def run(self, rows, env):
+        out = []
+        for r, lin in rows:
+            if self.kind in ("inline", "inline_outer"):
+                structs = _tag_structs(r["tags"]) or ([{"a": None, "b": None}] if self.kind == "inline_outer" else [])
+                out += [({**r, **item}, lin) for item in structs]
+            elif self.kind == "stack":
+                out += [({**r, "x": x}, lin) for x in (r["k"], r["v"])]
+            elif self.kind == "json_tuple":
+                out.append(({**r, "jk": None if r["k"] is None else str(r["k"]), "js": r["s"]}, lin))
+            else:
+                out += [({**r, "tag": tag}, lin) for tag in r["tags"] or []]
+        return out
+
+
+@dataclass
 class UnionOf:
     """``df.where(a).union(df.where(b))``: rows in both branches appear twice.
 
@@ -305,6 +393,36 @@ PIPELINES = {
         Repartition(3),
         JoinDims("inner"),
         Select(("id", "band", "name", "k")),
+    ],
+    "hinted_join_reshuffled": [
+        HintedJoin("inner"),
+        Reshuffle("range"),
+        Filter("v != 0", lambda r: cmp(r["v"], "!=", 0)),
+        Reshuffle("coalesce"),
+        Reshuffle("observe"),
+        Reshuffle("index"),
+        Select(("id", "v", "name")),
+    ],
+    "unpivot_filter": [
+        Select(("id", "k", "v")),
+        Unpivot(("id",), ("k", "v")),
+        Filter("val > 5", lambda r: cmp(r["val"], ">", 5)),
+    ],
+    "generators": [
+        Generator("inline"),
+        Generator("stack"),
+        Filter("x > a", lambda r: cmp(r["x"], ">", r["a"])),
+        Select(("id", "k", "v", "s", "tags", "a", "b", "x")),
+        Generator("json_tuple"),
+        Select(("id", "tags", "a", "b", "x", "jk", "js")),
+    ],
+    "outer_generators_lateral": [
+        Generator("inline_outer"),
+        Select(("id", "tags", "a", "b")),
+        Explode("tags", "p", position=True, outer=True),
+        Filter("p_pos IS NULL OR p_pos = 0", lambda r: r["p_pos"] is None or r["p_pos"] == 0),
+        Generator("lateral"),
+        Select(("id", "a", "b", "p_pos", "p", "tag")),
     ],
 }
 

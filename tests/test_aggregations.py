@@ -61,7 +61,20 @@ def ids_and_stats(df):
 
 # Queries whose state is keyed by event time, so Spark drops the late events; a group
 # keyed without event time takes them like any other. Lineage must be exact either way.
-DROPS_LATE = {"tumbling_append", "sliding_update", "dedup_watermark", "union_tumbling"}
+DROPS_LATE = {"tumbling_append", "sliding_update", "dedup_watermark", "union_tumbling", "dedup_within_watermark"}
+
+
+def distinct_keys(df):
+    """``SELECT DISTINCT k FROM events``: Spark's Distinct, which it runs as an aggregate of every column."""
+    view = f"events_{id(df)}"
+    df.createOrReplaceTempView(view)
+    return df.sparkSession.sql(f"SELECT DISTINCT k FROM {view}")
+
+
+def subtract_static(df):
+    """``subtract`` (EXCEPT DISTINCT) of a static table: the distinct (k, v) pairs not in it."""
+    static = df.sparkSession.createDataFrame([(k, v) for k in range(4) for v in range(0, 18, 3)], "k int, v int")
+    return df.select("k", "v").subtract(static)
 
 QUERIES = {
     # name: (build, output mode)
@@ -76,7 +89,16 @@ QUERIES = {
     "union_tumbling": (lambda df: ids_and_stats(df.where("v > 0").union(df.where("v < 3"))
                                                 .groupBy(F.window("ts", "20 seconds").alias("w"))), "append"),
     "dedup_no_watermark": (lambda df: df.dropDuplicates(["k"]).select("id", "k", "v"), "append"),
+    # Spark's windowed word count shape: a sorted aggregate in complete mode.
+    "tumbling_complete_sorted": (lambda df: ids_and_stats(df.groupBy(F.window("ts", "20 seconds").alias("w"), "k"))
+                                 .orderBy("w", "k"), "complete"),
+    "limit_append": (lambda df: df.select("id", "k", "v").limit(30), "append"),  # a limit over the whole stream
+    "dedup_within_watermark": (lambda df: df.dropDuplicatesWithinWatermark(["k"]).select("id", "k", "v"), "append"),
+    "distinct_update": (distinct_keys, "update"),
+    "subtract_update": (subtract_static, "update"),
 }
+# Queries whose rows name no event: each row is a group, of every event of its key read up to its batch.
+KEYED_BY = {"distinct_update": ("k",), "subtract_update": ("k", "v")}
 
 
 def sink_of(workdir, topic: str, traced: bool = True) -> str:
@@ -155,6 +177,8 @@ def aggregated(spark, stack_config, tmp_path_factory):
 
 def check_against_events(name: str, rows) -> None:
     """Each emitted group holds only events of its group, and its figures are theirs."""
+    if name in KEYED_BY:  # its rows name no events: ``groups_read``
+        return
     events = {e["id"]: e for r in rounds() for e in r}
     for row in rows:
         ids = row["ids"] if "ids" in row else [row["id"]]
@@ -192,15 +216,8 @@ def test_aggregate_lineage_equals_the_oracle(aggregated, name):
     rows = [r.asDict(recursive=True) for r in traced]
     check_against_events(name, rows)
 
-    outputs_of: dict = {}
     with LineageClient(config) as client:
-        for row in rows:
-            ids = row["ids"] if "ids" in row else [row["id"]]
-            found = client.backward(row["_hw_rid"])
-            assert {as_input(x) for x in found} == {coordinates[i] for i in ids}, ids
-            assert all(x.exact for x in found)
-            for i in ids:
-                outputs_of.setdefault(i, set()).add(row["_hw_rid"])
+        outputs_of = (groups_read if name in KEYED_BY else events_read)(client, name, rows, coordinates)
         # Forward: each event reaches exactly the emitted rows that aggregated it. One in no emitted row
         # (late, deduplicated away, filtered out, or in a window not closed yet) was read by a fully
         # captured batch of the query: an empty answer, complete, naming it.
@@ -209,3 +226,50 @@ def test_aggregate_lineage_equals_the_oracle(aggregated, name):
             assert {x.rid for x in answer} == outputs_of.get(event_id, set()), event_id
             if event_id not in outputs_of:
                 assert answer.complete and [(g.query, g.status) for g in answer.read_by] == [(topic, "full")]
+
+
+def events_read(client, name: str, rows: list[dict], coordinates: dict) -> dict:
+    """Check each row's lineage: exactly the events it names (``ids``, or its own ``id``); returns event id →
+    rows that hold it."""
+    outputs_of: dict = {}
+    for row in rows:
+        ids = row["ids"] if "ids" in row else [row["id"]]
+        found = client.backward(row["_hw_rid"])
+        assert {as_input(x) for x in found} == {coordinates[i] for i in ids}, ids
+        assert all(x.exact for x in found)
+        for i in ids:
+            outputs_of.setdefault(i, set()).add(row["_hw_rid"])
+    return outputs_of
+
+
+def groups_read(client, name: str, rows: list[dict], coordinates: dict) -> dict:
+    """Check the rows of a query that names no event (``KEYED_BY``): each is a group, emitted in each batch
+    that updated it, whose lineage is every event of its key read up to that batch. Each round is one
+    batch, so a key's rows must have, between them, exactly the lineages of its events of round 0..r, one
+    for each round r that holds an event of the key the query keeps; returns event id → rows that hold it."""
+    keep = {"distinct_update": lambda e: True,
+            "subtract_update": lambda e: not (0 <= e["k"] < 4 and e["v"] in range(0, 18, 3))}[name]
+    columns = KEYED_BY[name]
+    expected: dict = {}
+    read_so_far: dict = {}
+    for events in rounds():
+        updated = set()
+        for e in events:
+            if keep(e):
+                key = tuple(e[c] for c in columns)
+                read_so_far.setdefault(key, set()).add(e["id"])
+                updated.add(key)
+        for key in updated:
+            expected.setdefault(key, []).append(frozenset(read_so_far[key]))
+    got: dict = {}
+    outputs_of: dict = {}
+    id_of = {place: i for i, place in coordinates.items()}
+    for row in rows:
+        found = client.backward(row["_hw_rid"])
+        assert all(x.exact for x in found)
+        ids = frozenset(id_of[as_input(x)] for x in found)
+        got.setdefault(tuple(row[c] for c in columns), []).append(ids)
+        for i in ids:
+            outputs_of.setdefault(i, set()).add(row["_hw_rid"])
+    assert {k: sorted(v, key=len) for k, v in got.items()} == {k: sorted(v, key=len) for k, v in expected.items()}
+    return outputs_of

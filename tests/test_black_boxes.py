@@ -1,8 +1,8 @@
 """Black boxes: superset lineage through user code capture cannot see into, never missing.
 
-A stateless black box (mapInPandas) links each output row to every row that went into
-it in the same micro-batch; a stateful one (applyInPandasWithState) to every row that
-ever went into it. The oracle knows each micro-batch's offset ranges from the query's
+A stateless black box (mapInPandas, mapInArrow, applyInPandas, applyInArrow) links each
+output row to every row that went into it in the same micro-batch; a stateful one
+(applyInPandasWithState, transformWithStateInPandas) to every row that ever went into it. The oracle knows each micro-batch's offset ranges from the query's
 progress, so it recomputes exactly which Kafka records entered the black box, and
 demands that lineage be exactly those, flagged ``exact=false``, while edges that bypass
 the black box (the dims row of a join above it) stay exact.
@@ -15,8 +15,10 @@ import uuid
 from collections import Counter
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from headwater.capture import UnsupportedPlanError
@@ -49,6 +51,35 @@ def keep_and_triple(frames):
     for frame in frames:
         kept = frame[frame["v"] % 3 != 0]
         yield pd.DataFrame({"id": kept["id"], "k": kept["k"], "v3": kept["v"] * 3})
+
+
+ARROW_OUT = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("v3", pa.int64())])
+
+
+def keep_and_triple_arrow(batches):
+    for frame in keep_and_triple(batch.to_pandas() for batch in batches):
+        yield pa.RecordBatch.from_pandas(frame, schema=ARROW_OUT, preserve_index=False)
+
+
+def keep_and_triple_arrow_group(table):
+    return pa.Table.from_batches(list(keep_and_triple_arrow(table.to_batches())), schema=ARROW_OUT)
+
+
+class RunningCount(StatefulProcessor):
+    """``running_count`` as a ``transformWithStateInPandas`` processor: the key's rows so far."""
+
+    def init(self, handle):
+        self.seen = handle.getValueState("seen", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        seen = self.seen.get()[0] if self.seen.exists() else 0
+        for frame in rows:
+            seen += len(frame)
+        self.seen.update((seen,))
+        yield pd.DataFrame({"k": [key[0]], "n": [seen]})
+
+    def close(self):
+        pass
 
 
 def running_count(key, frames, state):
@@ -90,12 +121,21 @@ def keep_and_triple_group(frame):
     return next(keep_and_triple([frame]))
 
 
-@pytest.mark.parametrize("black_box", ["mapInPandas", "applyInPandas"])
+def keep_and_triple_left(left, right):
+    return keep_and_triple_group(left)
+
+
+@pytest.mark.parametrize("black_box", ["mapInPandas", "applyInPandas", "mapInArrow", "applyInArrow", "cogroup"])
 def test_stateless_black_box_is_a_superset_per_batch_and_joins_above_it_stay_exact(spark, env, black_box):
     valid = parsed(spark, env).where("v IS NOT NULL")
     schema = "id long, k int, v3 long"
-    boxed = valid.mapInPandas(keep_and_triple, schema) if black_box == "mapInPandas" \
-        else valid.groupBy("k").applyInPandas(keep_and_triple_group, schema)
+    boxed = {"mapInPandas": lambda: valid.mapInPandas(keep_and_triple, schema),
+             "applyInPandas": lambda: valid.groupBy("k").applyInPandas(keep_and_triple_group, schema),
+             "mapInArrow": lambda: valid.mapInArrow(keep_and_triple_arrow, schema),
+             "applyInArrow": lambda: valid.groupBy("k").applyInArrow(keep_and_triple_arrow_group, schema),
+             # the stream cogrouped with itself: each key's rows on both sides, the left's kept
+             "cogroup": lambda: valid.groupBy("k").cogroup(valid.groupBy("k")).applyInPandas(keep_and_triple_left,
+                                                                                            schema)}[black_box]()
     df = boxed.join(env.dims_df, "k").select("id", "v3", "name")
     name = f"bb-{black_box}-{uuid.uuid4().hex[:6]}"
     rows, batches = run_traced(spark, env, df, name)
@@ -125,9 +165,26 @@ def test_stateless_black_box_is_a_superset_per_batch_and_joins_above_it_stay_exa
                 assert reached == outputs_of_batch.get(batch, set())
 
 
-def test_stateful_black_box_links_every_output_to_every_input_it_read_up_to_its_batch(spark, env):
-    df = (parsed(spark, env).where("v IS NOT NULL").groupBy("k")
-          .applyInPandasWithState(running_count, "k int, n long", "n long", "update", GroupStateTimeout.NoTimeout))
+@pytest.fixture
+def rocksdb_state(spark):
+    """Spark's RocksDB state store for the queries the test starts (``transformWithState`` needs it)."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    yield
+    if before is None:
+        spark.conf.unset(key)
+    else:
+        spark.conf.set(key, before)
+
+
+@pytest.mark.parametrize("black_box", ["applyInPandasWithState", "transformWithStateInPandas"])
+def test_stateful_black_box_links_every_output_to_every_input_it_read_up_to_its_batch(spark, env, black_box,
+                                                                                     rocksdb_state):
+    grouped = parsed(spark, env).where("v IS NOT NULL").groupBy("k")
+    df = grouped.applyInPandasWithState(running_count, "k int, n long", "n long", "update",
+                                        GroupStateTimeout.NoTimeout) if black_box == "applyInPandasWithState" \
+        else grouped.transformWithStateInPandas(RunningCount(), "k int, n long", "Update", "None")
     rows, batches = run_traced(spark, env, df, f"bb-state-{uuid.uuid4().hex[:6]}", mode="update")
 
     events = [pipelines.parse(v) for v in env.values]
@@ -147,12 +204,13 @@ def test_stateful_black_box_links_every_output_to_every_input_it_read_up_to_its_
 
 
 def test_a_node_capture_cannot_trace_is_refused_until_named_a_black_box(spark, env):
-    """A streaming limit (two nodes: nested black boxes) is refused, then traced as named."""
-    df = parsed(spark, env).where("v IS NOT NULL").limit(100000).select("id", "v")
-    with pytest.raises(UnsupportedPlanError, match=r"GlobalLimit .*black_boxes=\{'GlobalLimit'\}"):
+    """A lateral join whose subquery reads a table's rows is refused, saying why, then traced as named."""
+    dims = env.dims_df
+    df = parsed(spark, env).where("v IS NOT NULL").lateralJoin(
+        dims.where(F.col("w") < F.col("v").outer()).select("name")).select("id", "v", "name")
+    with pytest.raises(UnsupportedPlanError, match=r"LateralJoin .*reads rows of a table.*black_boxes=\{'LateralJoin'\}"):
         env.tracer.trace(df, name="refused")
-    rows, batches = run_traced(spark, env, df, f"bb-limit-{uuid.uuid4().hex[:6]}",
-                               black_boxes={"GlobalLimit", "LocalLimit"})
+    rows, batches = run_traced(spark, env, df, f"bb-lateral-{uuid.uuid4().hex[:6]}", black_boxes={"LateralJoin"})
     assert rows and all(r["v"] is not None for r, _ in rows)
     entered = {b: {c for c, e in records_read(env, *batches[b]) if e["v"] is not None} for b in batches}
     with LineageClient(env.config) as client:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from headwater.capture.delivery import Destination
 from headwater.capture.journal import LOCK, ROWS
 from headwater.core.schema import LOG_BATCH
 
@@ -50,7 +51,8 @@ def test_an_executor_starts_the_drain_of_its_own_journal(stack_config, tmp_path)
     config, tag = own_topics(stack_config, "cluster")
     config = config.with_overrides(spill_dir=str(tmp_path / "driver-spill"))
     name = f"cluster-{tag}"
-    executor_folder = tmp_path / "executor-spill"
+    executor_spill = tmp_path / "executor-spill"
+    executor_folder = Destination(config.bootstrap, config.edges_topic).folder(executor_spill)  # the job's own
     folder = tmp_path / "in"
     folder.mkdir()
     for number in range(FILES):
@@ -61,7 +63,7 @@ def test_an_executor_starts_the_drain_of_its_own_journal(stack_config, tmp_path)
            **{f"HEADWATER_{k.upper()}": str(v) for k, v in config.to_dict().items()}}
     try:
         done = subprocess.run([sys.executable, "-m", "tests.cluster_stream", name, str(folder), str(tmp_path / "sink"),
-                               str(tmp_path / "checkpoint"), str(executor_folder), str(FILES)],
+                               str(tmp_path / "checkpoint"), str(executor_spill), str(FILES)],
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,7 +84,7 @@ def test_an_executor_starts_the_drain_of_its_own_journal(stack_config, tmp_path)
             while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert not alive(pid), f"drain process {pid} did not stop"
-    assert not any(p.name.endswith(ROWS) for p in (tmp_path / "driver-spill").glob("*"))
+    assert not any(p.name.endswith(ROWS) for p in (tmp_path / "driver-spill").rglob("*"))
 
     index(config)
     rid_of = {rid: row_id for row_id, rid in out["rows"]}

@@ -14,6 +14,7 @@ never needs.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -57,6 +58,7 @@ def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()
     tracer = attach(spark, config)
+    spill = Path(tracer.delivery_settings.spill_dir)  # the destination's folder under the spill root
     log_records = []
     try:
         source = spark.readStream.schema("id long, v long").option("maxFilesPerTrigger", 1).parquet(str(folder))
@@ -71,14 +73,14 @@ def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
                     log_records += read_log(config)
                     broker.kill()
                 if number == DOWN[-1] + 1:
-                    assert Breaker(tmp_path / "spill", 5.0).is_open()
+                    assert Breaker(spill, 5.0).is_open()
                     broker.start()
                     deadline = time.monotonic() + 60
                     # Sent, and the breaker closed: a send that failed while the broker was still starting
                     # (an idempotent producer asks it for a producer id first) may open it once more, and what
                     # a batch journals while it is open is counted spilled, rightly, which this batch's
                     # expectation (none spilled) is not about.
-                    while Spill(config.spill_dir, SPILL_MAX_BYTES).files() or Breaker(tmp_path / "spill", 5.0).is_open():
+                    while Spill(spill, SPILL_MAX_BYTES).files() or Breaker(spill, 5.0).is_open():
                         assert time.monotonic() < deadline, "spilled lineage was not sent after the broker returned"
                         time.sleep(0.5)
                 pq.write_table(pa.Table.from_pylist(rows(number)), folder / f"part-{number}.parquet")
@@ -87,7 +89,7 @@ def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
                 seconds[number] = time.monotonic() - started
                 if number == DOWN[0]:  # the batch's log record finds the broker gone, within a send timeout
                     deadline = time.monotonic() + 3 * SEND_TIMEOUT_S
-                    while not Breaker(tmp_path / "spill", 5.0).is_open():
+                    while not Breaker(spill, 5.0).is_open():
                         assert time.monotonic() < deadline, "capture did not notice the broker was gone"
                         time.sleep(0.2)
         finally:

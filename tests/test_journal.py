@@ -205,6 +205,19 @@ def test_past_the_bound_the_edges_are_dropped_and_with_the_breaker_open_spilled(
     assert counts["spilled_edges"] == counts["edges"] == N and len(files) == 3
 
 
+def test_a_job_spark_runs_before_the_hook_names_the_batch_s_run_as_the_hook_does(spark, journals):
+    """Spark's own batch and query id properties give a job the hook did not start its setting
+    (``Journal.sparkSetting``): the run hashed in the JVM as ``rid.run_hash`` hashes it in Python."""
+    made, _ = journals
+    gateway = spark.sparkContext._gateway
+    string = gateway.jvm.java.lang.Class.forName("java.lang.String")
+    method = made._class.getMethod("runHash", made._classes([string]))
+    for query_id in ("8b9c4a52-7a36-4f5c-9d0e-1f2a3b4c5d6e", "q", "é"):
+        args = gateway.new_array(gateway.jvm.java.lang.Object, 1)
+        args[0] = query_id
+        assert method.invoke(None, args) == rids.run_hash(query_id)
+
+
 def test_the_drain_sends_or_spills_each_file_once_and_deletes_it(spark, journals, tmp_path):
     """No broker answers (a free port): the drain converts each journal file into spilled messages
     that hold exactly its edges, and deletes it."""

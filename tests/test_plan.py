@@ -1,6 +1,8 @@
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from headwater.capture import UnsupportedPlanError
 from headwater.capture.kafka_source import KafkaSource
@@ -117,10 +119,32 @@ def test_threaded_plan_keeps_user_columns_and_adds_one_struct_per_source(demo_df
     assert threaded.df.isStreaming
 
 
-def test_unsupported_operators_fail_clearly_naming_the_node(demo_df):
-    limited = demo_df.limit(10)
-    with pytest.raises(UnsupportedPlanError, match=r"GlobalLimit .*black box.*black_boxes=\{'GlobalLimit'\}"):
-        thread_rids(limited)
+def test_unsupported_operators_fail_clearly_naming_the_node_and_why(demo_df, spark):
+    """What is refused says why Spark's semantics put it out of reach, naming the node and the black-box way."""
+    static = spark.createDataFrame([(1,)], "customer_id long")
+    ranked = F.row_number().over(Window.partitionBy("customer_id").orderBy("amount_eur"))
+    refused = {
+        "Intersect": (demo_df.select("customer_id").intersect(static), "Spark refuses INTERSECT over a stream"),
+        "Except": (demo_df.select("customer_id").exceptAll(static), "EXCEPT ALL .* emits each row as many times"),
+        "Window": (demo_df.withColumn("rank", ranked), "Spark refuses window functions"),
+        "LateralJoin": (demo_df.lateralJoin(static.where(F.col("customer_id") == F.col("customer_id").outer())),
+                        "reads rows of a table"),
+    }
+    for node, (df, why) in refused.items():
+        with pytest.raises(UnsupportedPlanError, match=rf"{node} .*{why}.*black_boxes=\{{'{node}'\}}"):
+            thread_rids(df)
+
+
+def test_operators_that_keep_rows_pass_their_rids_through(demo_df, spark):
+    """A limit, a sort, an observation, a hint, an index column: the rows are the child's, each with its rids."""
+    kept = {"GlobalLimit": demo_df.limit(10), "Sort": demo_df.sortWithinPartitions("amount_eur"),
+            "CollectMetrics": demo_df.observe("seen", F.count(F.lit(1))), "ResolvedHint": demo_df.hint("broadcast"),
+            "AttachDistributedSequence": demo_df.zipWithIndex("ix")}
+    for node, df in kept.items():
+        threaded = thread_rids(df, {"customers": ("customer_id",)})
+        assert node in {n.spark_class for n in threaded.ir.walk()}
+        assert [s.source for s in threaded.sources] == ["kafka", "static"], node
+        assert threaded.df.columns[: threaded.user_columns] == df.columns
 
 
 def test_black_boxes_become_placeholders_with_their_inputs_on_a_second_branch(demo_df):

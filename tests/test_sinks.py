@@ -317,7 +317,6 @@ def test_what_cannot_be_traced_as_asked_fails_at_start_naming_it(spark, env, tmp
     cases = {
         "continuous": lambda w: w.trigger(continuous="1 second").format("parquet")
         .option("checkpointLocation", checkpoint).start(str(tmp_path / "a")),
-        "checkpoint": lambda w: w.format("parquet").start(str(tmp_path / "b")),
         "partitionBy and clusterBy": lambda w: w.format("parquet").partitionBy("day").clusterBy("k")
         .option("checkpointLocation", checkpoint).start(str(tmp_path / "c")),
         "not among the output's columns": lambda w: w.format("parquet").partitionBy("nope")

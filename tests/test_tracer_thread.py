@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from pathlib import Path
 
 from pyspark.sql import functions as F
 
@@ -126,6 +127,7 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
     config, tag = own_topics(stack_config, "inflight")
     config = config.with_overrides(spill_dir=str(tmp_path))
     tracer = attach(spark, config)
+    folder = Path(tracer.delivery_settings.spill_dir)  # its destination's, under the spill root
     query = f"q{tag}"
     try:
         tracer.batch_started(query, 2)
@@ -137,16 +139,16 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
             assert frame.where(column).count() == N
         finally:
             spark.sparkContext.setLocalProperty(PROPERTY, None)
-        journaled = sorted(tmp_path.glob("*.rows"))
+        journaled = sorted(folder.glob("*.rows"))
         assert len(journaled) == 3
         time.sleep(2.5)  # two wakes of the tracer's thread
-        assert sorted(tmp_path.glob("*.rows")) == journaled
+        assert sorted(folder.glob("*.rows")) == journaled
         progress = {"batchId": 2, "runId": "r", "numInputRows": N, "durationMs": {}, "sources": [], "timestamp": None}
         tracer.publish_log(LOG_PROGRESS, **progress_record(progress, query))
         deadline = time.monotonic() + 10
-        while list(tmp_path.glob("*.rows")) and time.monotonic() < deadline:
+        while list(folder.glob("*.rows")) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not list(tmp_path.glob("*.rows"))
+        assert not list(folder.glob("*.rows"))
     finally:
         tracer.close()
     assert {(edge["src"], edge["dst"]) for _, edge in edges_published(config)} == {(1000 + i * 7919, i * 7777)

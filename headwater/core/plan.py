@@ -33,20 +33,29 @@ _KINDS = {
     "Generate": {"Generate"},
     "Union": {"Union"},
     "Deduplicate": {"Deduplicate", "DeduplicateWithinWatermark"},
+    "Distinct": {"Distinct"},
     "Expand": {"Expand"},
-    "EventTimeWatermark": {"EventTimeWatermark"},
+    "EventTimeWatermark": {"EventTimeWatermark", "UpdateEventTimeWatermarkColumn"},
     "Repartition": {"Repartition", "RepartitionByExpression", "RebalancePartitions"},
+    "Sort": {"Sort"},
+    "Limit": {"GlobalLimit", "LocalLimit", "Offset"},
+    "Sample": {"Sample"},
+    "Observe": {"CollectMetrics"},
+    "Hint": {"ResolvedHint"},
+    "Sequence": {"AttachDistributedSequence"},
+    "LateralJoin": {"LateralJoin"},
+    "SetOperation": {"Except", "Intersect"},
     "BlackBox": {
-        "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas",
-        "FlatMapGroupsInPandasWithState", "FlatMapCoGroupsInPandas", "MapPartitions",
-        "TransformWithState", "TransformWithStateInPySpark",
+        "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas", "FlatMapGroupsInArrow",
+        "FlatMapGroupsInPandasWithState", "FlatMapCoGroupsInPandas", "FlatMapCoGroupsInArrow", "MapPartitions",
+        "TransformWithState", "TransformWithStateInPandas", "TransformWithStateInPySpark",
     },
 }
 _KIND_OF = {cls: kind for kind, classes in _KINDS.items() for cls in classes}
 # Black boxes that keep state across micro-batches: an output may derive from any
 # input the operator ever read, not only from its own batch's.
 STATEFUL_BLACK_BOXES = {
-    "FlatMapGroupsWithState", "FlatMapGroupsInPandasWithState", "TransformWithState",
+    "FlatMapGroupsWithState", "FlatMapGroupsInPandasWithState", "TransformWithState", "TransformWithStateInPandas",
     "TransformWithStateInPySpark",
 }
 
@@ -125,7 +134,7 @@ def _expr_ids(flat_expr: list) -> set[int]:
     """exprIds of the attributes a flattened Spark expression reads."""
     return {
         e["exprId"]["id"]
-        for e in flat_expr
+        for e in flat_expr or ()  # Spark's JSON gives null for an expression it cannot write (unpivot's)
         if isinstance(e, dict) and e.get("class", "").endswith(".AttributeReference")
     }
 
@@ -188,8 +197,12 @@ def build(raw: list[RawNode]) -> PlanNode:
                 str(a["expr_id"]): sorted({c.output[i].expr_id for c in children if i < len(c.output)})
                 for i, a in enumerate(node["output"])
             }
-        elif kind == "Join":
+        elif kind in ("Join", "LateralJoin"):
             detail["join_type"] = _join_type(fields)
+            if kind == "LateralJoin":  # the subquery's columns are computed from the outer row's it reads
+                outer = sorted(_expr_ids(fields.get("right", [])))
+                kept = {a.expr_id for a in children[0].output}
+                detail["derives"] = {str(a["expr_id"]): outer for a in node["output"] if a["expr_id"] not in kept}
         elif kind == "Alias":
             detail["name"] = _alias_name(fields)
         elif kind == "Source":

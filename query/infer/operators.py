@@ -22,7 +22,7 @@ _RELATIONS = {
     "StreamingDataSourceV2ScanRelation", "LogicalRDD", "Range", "OneRowRelation",
 }
 _PASS_THROUGH = {"SubqueryAlias", "View", "Repartition", "RepartitionByExpression", "RebalancePartitions",
-                 "EventTimeWatermark", "ResolvedHint", "Sample"}
+                 "EventTimeWatermark", "UpdateEventTimeWatermarkColumn", "ResolvedHint", "Sample", "CollectMetrics"}
 JOIN_KINDS = ("inner", "cross", "leftouter", "rightouter", "fullouter", "leftsemi", "leftanti")
 
 

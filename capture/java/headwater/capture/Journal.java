@@ -30,16 +30,19 @@ import org.apache.spark.sql.Column;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Literal;
+import org.apache.spark.sql.catalyst.expressions.XXH64;
 import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.execution.arrow.ArrowWriter;
+import org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution;
 import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.util.LongAccumulator;
 import org.apache.spark.util.TaskCompletionListener;
 import scala.collection.immutable.Seq;
@@ -62,7 +65,14 @@ import scala.jdk.javaapi.CollectionConverters;
  * list of such structs); {@code late} names a field (microseconds) by which rows are late. What the
  * batch needs (its id, run, sampled fraction and each aggregate's watermark for late rows) is read
  * from the task's local property {@code property}, set by the per-batch hook; without it (a job the
- * hook did not start, a batch not captured) nothing is written.
+ * hook did not start, a batch not captured) nothing is written, but for one case: a job Spark runs for a
+ * micro-batch before the hook is called. Spark's {@code ForeachBatchSink} turns the batch's plan into an
+ * RDD before it calls the hook, and that already runs the jobs the plan needs at once (a range
+ * partitioner's sample for a sort or {@code repartitionByRange}, the count of a distributed sequence),
+ * which compute the stages below and keep their shuffle output: rows entering an aggregate there would be
+ * journaled never. In such a job (Spark's batch id and query id are its local properties) the setting is
+ * the one those give ({@link #sparkSetting}): the batch, the run, every row (no sample); a publisher that
+ * must tell late rows knows no watermark there and counts the task failed, so the batch is logged a gap.
  *
  * <p>In each task: late rows are left out (their field at or before the batch's watermark for
  * {@code op}); a sampled batch keeps the rows (mode {@code row}: by field 0, the row's own rid) or
@@ -80,12 +90,15 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>File layout: the publisher's spec (one JSON line, from Python), the batch's setting (one JSON
  * line), then an Arrow IPC stream of the journaled rows.
  *
- * <p>On the driver's host the tracer's own thread drains the folder. An executor (a JVM whose Spark
- * executor id is not {@code driver}) journals into its own host's folder ({@code HEADWATER_SPILL_DIR}
- * in its environment, else the tracer's) and, after writing a file, makes sure a drain process runs for
- * that folder: if nobody holds the folder's {@code drain.lock} it starts {@code drain}'s command (JSON:
- * {@code command}, a list, and {@code env}, a map), which takes the lock, sends, and exits once idle.
- * At most one check per folder every {@link #DRAIN_CHECK_MS} per JVM.
+ * <p>{@code folder} is the tracer's journal folder: its destination's ({@code destination}, the
+ * folder's name under the host's spill root; see capture/delivery.py), so that a drain sends it to that
+ * job's broker and topic only. On the driver's host the tracer's own thread drains it. An executor (a
+ * JVM whose Spark executor id is not {@code driver}) journals into its own host's folder of that
+ * destination ({@code destination} under {@code HEADWATER_SPILL_DIR} of its environment, else the
+ * tracer's folder) and, after writing a file, makes sure a drain process runs for that folder: if
+ * nobody holds the folder's {@code drain.lock} it starts {@code drain}'s command (JSON: {@code command},
+ * a list, and {@code env}, a map, the job's delivery settings) with the folder's spill root, which takes
+ * the lock, sends, and exits once idle. At most one check per folder every {@link #DRAIN_CHECK_MS} per JVM.
  */
 public final class Journal implements Predicate<InternalRow>, Serializable {
     private static final long serialVersionUID = 1L;
@@ -100,6 +113,7 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
     private final StructType schema;
     private final String spec;
     private final String folder;
+    private final String destination;
     private final String property;
     private final long maxBytes;
     private final boolean sampleInputs;
@@ -116,11 +130,13 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
     private final LongAccumulator failed;
     private transient Task task;
 
-    public Journal(StructType schema, String spec, String folder, String property, long maxBytes, String mode,
-                   int[] inputs, int late, String op, String drain, LongAccumulator[] counts) {
+    public Journal(StructType schema, String spec, String folder, String destination, String property,
+                   long maxBytes, String mode, int[] inputs, int late, String op, String drain,
+                   LongAccumulator[] counts) {
         this.schema = schema;
         this.spec = spec;
         this.folder = folder;
+        this.destination = destination;
         this.property = property;
         this.maxBytes = maxBytes;
         this.sampleInputs = "input".equals(mode);
@@ -142,11 +158,11 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
      * neither moves nor drops it: a call of {@link #test} on each row's struct as Spark holds it, with no
      * conversion to and from an external {@code Row} (Catalyst's {@code Invoke} of this journal, a literal).
      */
-    public static Column column(Column struct, String schema, String spec, String folder, String property,
-                                long maxBytes, String mode, int[] inputs, int late, String op, String drain,
-                                LongAccumulator[] counts) {
-        Journal journal = new Journal((StructType) DataType.fromJson(schema), spec, folder, property, maxBytes, mode,
-                                      inputs, late, op, drain, counts);
+    public static Column column(Column struct, String schema, String spec, String folder, String destination,
+                                String property, long maxBytes, String mode, int[] inputs, int late, String op,
+                                String drain, LongAccumulator[] counts) {
+        Journal journal = new Journal((StructType) DataType.fromJson(schema), spec, folder, destination, property,
+                                      maxBytes, mode, inputs, late, op, drain, counts);
         // Typed as the JDK's Predicate, so that the generated code names no class of this jar.
         Literal target = new Literal(journal, new ObjectType(Predicate.class));
         Seq<Expression> arguments = CollectionConverters.asScala(List.of(ExpressionUtils.expression(struct))).toList();
@@ -195,7 +211,8 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
         private boolean broken;
 
         Task(TaskContext context) {
-            this.setting = context == null ? null : context.getLocalProperty(property);
+            String hooks = context == null ? null : context.getLocalProperty(property);
+            this.setting = hooks != null || context == null ? hooks : sparkSetting(context);
             Double sample = null;
             Long mark = null;
             if (setting != null) {
@@ -376,15 +393,44 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
         }
     }
 
+    /**
+     * The setting of a job Spark runs for a micro-batch of a streaming query before the per-batch hook is
+     * called, from Spark's own local properties (null outside a micro-batch): as {@code journal.Setting}'s JSON.
+     */
+    static String sparkSetting(TaskContext context) {
+        String batch = context.getLocalProperty(MicroBatchExecution.BATCH_ID_KEY());
+        String query = context.getLocalProperty("sql.streaming.queryId");
+        if (batch == null || query == null) {
+            return null;
+        }
+        return "{\"batch\": " + Long.parseLong(batch) + ", \"run\": " + runHash(query)
+            + ", \"fraction\": null, \"late\": {}}";
+    }
+
+    /** The run a state node belongs to, as {@code rid.run_hash}: Spark's {@code xxhash64('state', queryId)}. */
+    public static long runHash(String queryId) {
+        long hash = 42L;
+        for (String part : new String[] {"state", queryId}) {
+            hash = XXH64.hashUTF8String(UTF8String.fromString(part), hash);
+        }
+        return hash;
+    }
+
     private static boolean onExecutor() {
         SparkEnv env = SparkEnv.get();
         return env != null && !"driver".equals(env.executorId());
     }
 
-    /** The journal folder on this host: an executor's own {@code HEADWATER_SPILL_DIR}, else the tracer's. */
+    /**
+     * The journal folder on this host: the destination's under an executor's own {@code HEADWATER_SPILL_DIR},
+     * else the tracer's.
+     */
     private Path hostFolder() {
         String own = onExecutor() ? System.getenv("HEADWATER_SPILL_DIR") : null;
-        return Paths.get(own == null || own.isEmpty() ? folder : own);
+        if (own == null || own.isEmpty()) {
+            return Paths.get(folder);
+        }
+        return destination.isEmpty() ? Paths.get(own) : Paths.get(own).resolve(destination);
     }
 
     /** Start a drain process for {@code dir} unless one holds its lock (checked at most every few seconds). */
@@ -419,7 +465,8 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
         for (Map.Entry<String, JsonNode> entry : parsed.get("env").properties()) {
             builder.environment().put(entry.getKey(), entry.getValue().asText());
         }
-        builder.environment().put("HEADWATER_SPILL_DIR", key);
+        // The drain finds the destination's folder under the spill root from the job's settings it is given.
+        builder.environment().put("HEADWATER_SPILL_DIR", destination.isEmpty() ? key : dir.getParent().toString());
         builder.redirectErrorStream(true);
         builder.redirectOutput(ProcessBuilder.Redirect.appendTo(dir.resolve("drain.log").toFile()));
         builder.start();

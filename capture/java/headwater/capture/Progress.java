@@ -35,6 +35,11 @@ public final class Progress extends StreamingQueryListener {
         watched.add(name);
     }
 
+    /** Keep no more progress of the streaming query named {@code name}. */
+    public void forget(String name) {
+        watched.remove(name);
+    }
+
     @Override
     public void onQueryStarted(QueryStartedEvent event) {
     }
