@@ -50,6 +50,7 @@ from .lineage import BatchContext, SourceEdges, lineage_tables, state_rids
 log = logging.getLogger("headwater.capture")
 
 PROPERTY = "headwater.journal"  # the Spark local property holding the batch's ``Setting``, as JSON
+NOT_CAPTURED = "none"  # PROPERTY of a batch whose edges are not captured: its filters journal nothing (as Journal.java)
 ROWS = ".rows"
 SAMPLE_MODULUS = 1_000_003  # a rid is sampled when pmod(rid, SAMPLE_MODULUS) < fraction * SAMPLE_MODULUS
 MAX_ROWS_PER_MESSAGE = 20_000

@@ -414,9 +414,10 @@ def lateral_rows_unread(jvm: Jvm, lateral, node: PlanNode) -> None:
     read = [n.getClass().getSimpleName() for n in preorder(subquery) if n.children().isEmpty()]
     tables = [name for name in read if name not in _NO_ROWS]
     if tables:
-        raise UnsupportedPlanError(node, f"its lateral subquery reads rows of a table ({', '.join(sorted(set(tables)))}"
-                                         f"), which Spark evaluates inside the LateralSubquery expression, out of reach "
-                                         f"of rid columns; join the table to the stream instead")
+        read = ", ".join(sorted(set(tables)))
+        raise UnsupportedPlanError(node, f"its lateral subquery reads rows of a table ({read}), which Spark "
+                                         f"evaluates inside the LateralSubquery expression, out of reach of rid "
+                                         f"columns; join the table to the stream instead")
 
 
 def desugared(df: DataFrame) -> DataFrame:

@@ -40,7 +40,7 @@ from .batch_errors import for_the_stream
 from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .jar import Counts, Journals, drain_command
-from .journal import PROPERTY, Drain, Setting, drain_env
+from .journal import NOT_CAPTURED, PROPERTY, Drain, Setting, drain_env
 from .kafka_source import KafkaSource
 from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobTimes
 from .listener import ProgressListener
@@ -529,15 +529,15 @@ class BatchHook:
         # what it holds, and the lineage is journaled again (rids and edges are idempotent).
         written = latest == batch_id
         context = batch_df.sparkSession.sparkContext
-        if capture:  # what the journal filters of this batch's tasks need
-            setting = self._setting(batch_id, context.getLocalProperty(QUERY_ID_PROPERTY), plan)
-            context.setLocalProperty(PROPERTY, setting.to_json())
+        # What the journal filters of this batch's tasks need; a batch not captured says so (``NOT_CAPTURED``),
+        # since a filter with no setting at all takes Spark's (``Journal.sparkSetting``).
+        setting = self._setting(batch_id, context.getLocalProperty(QUERY_ID_PROPERTY), plan) if capture else None
+        context.setLocalProperty(PROPERTY, setting.to_json() if setting else NOT_CAPTURED)
         try:
             write = self._write_streamed if self.streamed else self._write_split
             apart, written_nanos, errors = write(batch_df, batch_id, capture, written)
         finally:
-            if capture:
-                context.setLocalProperty(PROPERTY, None)
+            context.setLocalProperty(PROPERTY, None)
         stats = self._stats(capture, errors)
         nanos = stats.pop("nanos", 0) if written_nanos is None else written_nanos
         metrics.TASK_SECONDS.labels(self.traced.name).inc(nanos / 1e9)

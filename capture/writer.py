@@ -130,8 +130,6 @@ class TracedWriter:
         from .tracer import BatchHook
 
         traced = self._traced
-        if self._output_mode.lower() == "complete":
-            traced = traced.in_complete_mode()
         spark = traced.tracer.spark
         spec = self._sink
         if spec.format is None:
@@ -141,6 +139,8 @@ class TracedWriter:
         refusal = spark_refusal(spark, traced.user_plan, self._output_mode, self._needs_checkpoint(spark))
         if refusal is not None:
             raise refusal
+        if self._output_mode.lower() == "complete":
+            traced = traced.in_complete_mode()
         query_name = option(spec.options, "queryName") or traced.name
         hook = BatchHook(traced, spec)
         metrics.OVERHEAD_BUDGET.labels(traced.name).set(traced.tracer.config.overhead_budget)
@@ -229,7 +229,8 @@ def spark_refusal(spark, plan, mode: str, checkpoint_missing: bool) -> Exception
 
     jvm = spark._jvm
     if checkpoint_missing:
-        return convert_exception(jvm.org.apache.spark.sql.errors.QueryCompilationErrors.checkpointLocationNotSpecifiedError())
+        errors = jvm.org.apache.spark.sql.errors.QueryCompilationErrors
+        return convert_exception(errors.checkpointLocationNotSpecifiedError())
     if spark.conf.get("spark.sql.streaming.unsupportedOperationCheck", "true").lower() != "true":
         return None
     try:

@@ -1,8 +1,9 @@
 """Black boxes: superset lineage through user code capture cannot see into, never missing.
 
-A stateless black box (mapInPandas, mapInArrow, applyInPandas, applyInArrow) links each
-output row to every row that went into it in the same micro-batch; a stateful one
-(applyInPandasWithState, transformWithStateInPandas) to every row that ever went into it. The oracle knows each micro-batch's offset ranges from the query's
+A stateless black box (mapInPandas, mapInArrow, applyInPandas, applyInArrow, a cogroup) links
+each output row to every row that went into it in the same micro-batch; a stateful one
+(applyInPandasWithState, transformWithStateInPandas) to every row that ever went into it.
+The oracle knows each micro-batch's offset ranges from the query's
 progress, so it recomputes exactly which Kafka records entered the black box, and
 demands that lineage be exactly those, flagged ``exact=false``, while edges that bypass
 the black box (the dims row of a join above it) stay exact.
@@ -208,7 +209,8 @@ def test_a_node_capture_cannot_trace_is_refused_until_named_a_black_box(spark, e
     dims = env.dims_df
     df = parsed(spark, env).where("v IS NOT NULL").lateralJoin(
         dims.where(F.col("w") < F.col("v").outer()).select("name")).select("id", "v", "name")
-    with pytest.raises(UnsupportedPlanError, match=r"LateralJoin .*reads rows of a table.*black_boxes=\{'LateralJoin'\}"):
+    refused = r"LateralJoin .*reads rows of a table.*black_boxes=\{'LateralJoin'\}"
+    with pytest.raises(UnsupportedPlanError, match=refused):
         env.tracer.trace(df, name="refused")
     rows, batches = run_traced(spark, env, df, f"bb-lateral-{uuid.uuid4().hex[:6]}", black_boxes={"LateralJoin"})
     assert rows and all(r["v"] is not None for r, _ in rows)

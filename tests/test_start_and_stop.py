@@ -48,7 +48,8 @@ def what_runs(spark, tracer) -> dict:
     """What a start may leave behind: queries, threads, listeners, the tracer's watched names."""
     jvm_threads = {t.getName() for t in spark._jvm.java.lang.Thread.getAllStackTraces().keySet()}
     return {"active": [q.name for q in spark.streams.active],
-            "python_threads": sorted(t.name for t in threading.enumerate()),
+            # headwater's own (py4j's callback threads come and go with any running query's batches)
+            "python_threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("headwater")),
             "stream_threads": sorted(n for n in jvm_threads if "stream execution thread" in n),
             "listeners": len(spark._jsparkSession.streams().listListeners()),
             "watched": dict(tracer._queries), "logged": dict(tracer._logged)}

@@ -60,19 +60,20 @@ import scala.jdk.javaapi.CollectionConverters;
  * a {@code Row} cost Spark's conversion of every row to an external {@code Row} and back: on the window
  * shape's 100,000-row batches 990 ms against 900 ms with this.)
  *
- * <p>Each row is a struct whose fields are, by position, as the publisher's spec says: the fields
- * listed in {@code inputs} are the sources of edges (a struct whose first field is its rid, or a
- * list of such structs); {@code late} names a field (microseconds) by which rows are late. What the
- * batch needs (its id, run, sampled fraction and each aggregate's watermark for late rows) is read
- * from the task's local property {@code property}, set by the per-batch hook; without it (a job the
- * hook did not start, a batch not captured) nothing is written, but for one case: a job Spark runs for a
- * micro-batch before the hook is called. Spark's {@code ForeachBatchSink} turns the batch's plan into an
- * RDD before it calls the hook, and that already runs the jobs the plan needs at once (a range
- * partitioner's sample for a sort or {@code repartitionByRange}, the count of a distributed sequence),
- * which compute the stages below and keep their shuffle output: rows entering an aggregate there would be
- * journaled never. In such a job (Spark's batch id and query id are its local properties) the setting is
- * the one those give ({@link #sparkSetting}): the batch, the run, every row (no sample); a publisher that
- * must tell late rows knows no watermark there and counts the task failed, so the batch is logged a gap.
+ * <p>Each row is a struct whose fields are, by position, as the publisher's spec says: the fields listed
+ * in {@code inputs} are the sources of edges (a struct whose first field is its rid, or a list of such
+ * structs); {@code late} names a field (microseconds) by which rows are late. What the batch needs (its
+ * id, run, sampled fraction and each aggregate's watermark for late rows) is read from the task's local
+ * property {@code property}, set by the per-batch hook; without it (a job the hook did not start, or the
+ * hook's {@code NOT_CAPTURED}: a batch the budget takes to log-only) nothing is written, but for one
+ * case: a job Spark runs for a micro-batch before the hook is called. Spark's {@code ForeachBatchSink}
+ * turns the batch's plan into an RDD before it calls the hook, and that already runs the jobs the plan
+ * needs at once (a range partitioner's sample for a sort or {@code repartitionByRange}, the count of a
+ * distributed sequence), which compute the stages below and keep their shuffle output: rows entering an
+ * aggregate there would be journaled never. In such a job (Spark's batch id and query id are its local
+ * properties) the setting is the one those give ({@link #sparkSetting}): the batch, the run, every row
+ * (no sample); a publisher that must tell late rows knows no watermark there and counts the task failed,
+ * so the batch is logged a gap.
  *
  * <p>In each task: late rows are left out (their field at or before the batch's watermark for
  * {@code op}); a sampled batch keeps the rows (mode {@code row}: by field 0, the row's own rid) or
@@ -106,6 +107,7 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
     static final int ROWS_PER_RECORD_BATCH = 65_536;
     static final long DRAIN_CHECK_MS = 5_000;
     static final String DRAIN_LOCK = "drain.lock"; // as journal.LOCK
+    static final String NOT_CAPTURED = "none"; // as journal.NOT_CAPTURED: the hook's batch captures no edges
     private static final AtomicLong SEQUENCE = new AtomicLong();
     private static final Map<String, Long> DRAIN_CHECKED = new ConcurrentHashMap<>();
     private static final ObjectMapper JSON = new ObjectMapper(); // thread-safe for reading: one per JVM, not per task
@@ -212,7 +214,8 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
 
         Task(TaskContext context) {
             String hooks = context == null ? null : context.getLocalProperty(property);
-            this.setting = hooks != null || context == null ? hooks : sparkSetting(context);
+            this.setting = NOT_CAPTURED.equals(hooks) ? null
+                : hooks != null || context == null ? hooks : sparkSetting(context);
             Double sample = null;
             Long mark = null;
             if (setting != null) {
