@@ -44,12 +44,13 @@ class BatchFailed(Exception):
 def for_the_stream(error: Py4JJavaError, job_group: str | None) -> Exception:
     """What to raise to the stream thread for ``error``, raised in the batch of job group ``job_group``."""
     call = str(error.errmsg).strip().removeprefix("An error occurred while calling").strip(" .")
+    interrupted = BatchInterrupted(f"{PY4J_ERROR} {call}.\n: {INTERRUPTIONS[0]}")
     try:
         causes = _causes(error.java_exception)
     except Exception:  # the JVM does not answer this thread: it was interrupted
-        return BatchInterrupted(f"{PY4J_ERROR} {call}.\n: {INTERRUPTIONS[0]}")
+        return interrupted
     if any(name in INTERRUPTIONS for name, _ in causes) or _cancelled(causes, job_group):
-        return BatchInterrupted(f"{PY4J_ERROR} {call}.\n: {INTERRUPTIONS[0]}")
+        return interrupted
     log.error("a traced batch's call %s failed", call, exc_info=error)
     named = "\n".join(f"caused by {name}: {line}" for name, line in causes)
     return BatchFailed(f"the call {call} failed (the Java trace is in headwater's log)\n{named}")

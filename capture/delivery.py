@@ -198,6 +198,10 @@ class Spill:
         except FileNotFoundError:
             return []
 
+    def waiting(self) -> int:
+        """Files the folder holds that are not sent yet: spilled messages and journal files."""
+        return sum(len(self.files(suffix)) for suffix in _JOURNALED)
+
     def size(self) -> int:
         """Bytes the folder holds: spilled messages and journaled lineage rows (as ``Journal.used``)."""
         total = 0

@@ -247,7 +247,7 @@ class Drain:
 
     def pending(self) -> int:
         """Journal files and spilled messages not yet sent."""
-        return len(self.files()) + len(self.spill.files())
+        return self.spill.waiting()
 
     def flush(self, timeout_s: float) -> bool:
         """Convert and send everything the folder holds, for at most ``timeout_s``; whether it is empty."""

@@ -197,7 +197,7 @@ def drain(ctx: click.Context, idle: float) -> None:
     second exits at once.
     """
     from headwater.capture.delivery import DeliverySettings, Spill, destinations, spill_root
-    from headwater.capture.journal import ROWS, drain_until_idle
+    from headwater.capture.journal import drain_until_idle
     from headwater.core import config as configuration
 
     config = configuration.load()
@@ -209,9 +209,11 @@ def drain(ctx: click.Context, idle: float) -> None:
     root = spill_root(config)
     waiting = []
     for key, described in sorted(destinations(root).items()):
+        if key == settings.destination:
+            continue
         spill = Spill(Path(root) / key, config.spill_max_bytes)
-        files = len(spill.files(ROWS)) + len(spill.files())
-        if key != settings.destination and files:
+        files = spill.waiting()
+        if files:
             waiting.append({**described, "folder": str(spill.folder), "files": files})
     if waiting:
         result["others_waiting"] = waiting  # lineage of other jobs: a drain with their settings sends it

@@ -402,7 +402,7 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
      */
     static String sparkSetting(TaskContext context) {
         String batch = context.getLocalProperty(MicroBatchExecution.BATCH_ID_KEY());
-        String query = context.getLocalProperty("sql.streaming.queryId");
+        String query = context.getLocalProperty(JobTimes.QUERY_ID);
         if (batch == null || query == null) {
             return null;
         }
