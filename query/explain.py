@@ -56,6 +56,7 @@ import threading
 from pathlib import Path
 
 from headwater.core import rid as rids
+from headwater.core.offsets import partition_offsets
 from headwater.core.plan import state_dataset
 
 # Operator kinds, from the IR's (``plan._KINDS``): what ``operators`` gives as ``kind``.
@@ -628,8 +629,8 @@ class Explainer:
                 for name in [query] if query else list(self.refresh()._plans):
                     batches = log.batches(name)
                     entry = log.batch(name, batches[-1]) if batches else None
-                    found |= {end.rsplit(":", 1)[0] for source in (entry or {}).get("sources") or []
-                              for end in (source.get("end") or {})}
+                    found |= {topic for source in (entry or {}).get("sources") or []
+                              for topic, _ in partition_offsets(source.get("end"))}
             except OSError:
                 return []
         return sorted(found)

@@ -38,6 +38,7 @@ from headwater.adapters.table_files import TableUnreadable, local_path, read_tab
     table_version, uri_path
 from headwater.core import rid as rids
 from headwater.core.config import Config
+from headwater.core.offsets import offset_ranges
 from headwater.core.plan import location_key
 from headwater.indexer.batch_log import BatchLog
 from headwater.indexer.plans import PlanStore
@@ -317,18 +318,6 @@ def static_source(relation: Relation, kept: dict) -> dict:
                 relation.location.get("paths"):
             return source
     raise LineageError(f"the plan reads {relation.location['paths']}, which capture did not log as a static table")
-
-
-def offset_ranges(sources: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
-    """The offsets a batch read, ``[start, end)`` by (topic, partition), from its log entry's ``sources``."""
-    ranges = {}
-    for source in sources:
-        for name, end in (source.get("end") or {}).items():
-            topic, partition = name.rsplit(":", 1)
-            start = (source.get("start") or {}).get(name, 0)
-            if end > start:
-                ranges[topic, int(partition)] = (int(start), int(end))
-    return ranges
 
 
 def _kafka(config: Config, sources: list[dict]) -> pd.DataFrame:

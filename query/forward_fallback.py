@@ -33,10 +33,11 @@ import pandas as pd
 import pyarrow as pa
 
 from headwater.core import rid as rids
+from headwater.core.offsets import offset_ranges
 from headwater.core.plan import STATEFUL_BLACK_BOXES
 
 from .backend import Gap, Lineage, LineageError
-from .fallback import Fallback, offset_ranges, static_source
+from .fallback import Fallback, static_source
 from .infer.evaluate import Unevaluable, value_key
 from .infer.operators import Aggregate, Deduplicate, Join, Limit, Op, Plan, Relation, Unknown, Window, WindowGroupLimit
 from .infer.run import LINEAGE, Running

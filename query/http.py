@@ -70,7 +70,7 @@ from . import metrics as query_metrics
 from .address import SOURCE_FORMS, checked_source
 from .backend import MAX_DEPTH, OPTIONAL_FIELDS, Lineage, LineageError, UnknownRow, check_depth
 from .explain import Explainer
-from .fallback import offset_ranges
+from headwater.core.offsets import offset_ranges
 from .where import MAX_SELECTED
 
 TOKEN_ENV = "HEADWATER_HTTP_TOKEN"

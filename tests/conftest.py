@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from headwater.adapters.kafka import list_topics
-from headwater.deploy.stack import Stack, broker_command, free_port
+from headwater.deploy.kafka_server import KafkaServer
+from headwater.deploy.stack import Stack, free_port, wait_listening
 
 
 @pytest.fixture(scope="session")
@@ -40,32 +43,37 @@ def own_topics(stack_config, prefix: str = "t"):
     return config, tag
 
 
+def topic_records(config, topic: str) -> list:
+    """Every record on ``topic``, partition by partition, read with the config's security settings."""
+    from kafka import TopicPartition
+
+    from headwater.adapters.kafka import consumer
+
+    client = consumer(config, consumer_timeout_ms=3000)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(client.partitions_for_topic(topic) or [])]
+        if not partitions:
+            return []
+        client.assign(partitions)
+        client.seek_to_beginning(*partitions)
+        return list(client)
+    finally:
+        client.close()
+
+
 def read_log(config) -> list[dict]:
     """Every record on the config's log topic, decoded."""
-    from kafka import KafkaConsumer
-
     from headwater.core.schema import decode_log
 
-    consumer = KafkaConsumer(config.log_topic, bootstrap_servers=config.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    try:
-        return [decode_log(m.value) for m in consumer]
-    finally:
-        consumer.close()
+    return [decode_log(m.value) for m in topic_records(config, config.log_topic)]
 
 
 def edges_published(config) -> list[tuple[bytes, dict]]:
     """Every edge on the config's edges topic, with the key of the message that held it."""
-    from kafka import KafkaConsumer
-
     from headwater.core.schema import decode_lineage
 
-    consumer = KafkaConsumer(config.edges_topic, bootstrap_servers=config.bootstrap,
-                             auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    try:
-        return [(m.key, edge) for m in consumer for edge in decode_lineage(m.value)[1].to_pylist()]
-    finally:
-        consumer.close()
+    return [(m.key, edge) for m in topic_records(config, config.edges_topic)
+            for edge in decode_lineage(m.value)[1].to_pylist()]
 
 
 def local_file(path: str) -> str:
@@ -104,17 +112,14 @@ def index(config, group: str | None = None, idle_s: float = 1.5, max_seconds: fl
 
 def records_read(query) -> dict[tuple[str, int, int], int]:
     """The batch of ``query`` that read each Kafka record ``(topic, partition, offset)``, from Spark's
-    progress (the ``headwater_kafka`` source reports offsets as ``{"topic:partition": offset}``)."""
-    import json
+    progress (each source's start and end offsets)."""
+    from headwater.core.offsets import read_ranges
 
     read = {}
     for progress in query.recentProgress:
         for source in progress.sources:
-            start = json.loads(source.startOffset) if source.startOffset not in (None, "None", "null") else {}
-            for name, end in json.loads(source.endOffset).items():
-                topic, partition = name.rsplit(":", 1)
-                for offset in range(start.get(name, 0), end):
-                    read[topic, int(partition), offset] = progress.batchId
+            for (topic, partition), (start, end) in read_ranges(source.startOffset, source.endOffset).items():
+                read.update({(topic, partition, offset): progress.batchId for offset in range(start, end)})
     return read
 
 
@@ -132,9 +137,8 @@ def wait_batches(query, count: int, timeout_s: float = 120) -> None:
 def while_initializing(queries, at_most: int = 2, timeout_s: float = 120) -> None:
     """Wait until at most ``at_most`` of ``queries`` are still initializing their sources.
 
-    Each ``headwater_kafka`` source starts a Python worker while its query initializes, and
-    Spark gives that worker 10 s to connect back; a dozen queries started at once on two busy
-    cores can miss it (``Python worker failed to connect back``). Call this before each start.
+    A dozen queries started at once on two busy cores each start their Kafka consumers and Python
+    workers together; call this before each start to keep them from crowding one another out.
     """
     import time
 
@@ -179,17 +183,38 @@ def spark(stack, tmp_path_factory):
     session.stop()
 
 
+def stop_process(proc: subprocess.Popen | None, first: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+    """Stop a process a test started, by its PID: ``first`` (SIGINT lets the indexer close its consumer), then
+    SIGKILL if it has not gone in ``timeout_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(first)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
+
+
 class Broker:
-    """A tansu broker on a fixed port, killed and started again by its PID."""
+    """An Apache Kafka broker of a test's own on fixed ports, killed and started again by its PID. Its data
+    outlives a kill, as a real broker's does; ``start(empty=True)`` starts it with none (a replaced broker)."""
 
-    def __init__(self, port: int, logfile):
-        self.port, self.logfile, self.proc = port, logfile, None
+    def __init__(self, folder, logfile):
+        from headwater.deploy.tools import kafka
 
-    def start(self) -> None:
+        self.server = KafkaServer(folder, free_port(), free_port())
+        self.port, self.logfile, self.proc, self.jars = self.server.port, logfile, None, kafka()
+
+    def start(self, empty: bool = False) -> None:
+        if empty:
+            self.server.wipe()
+        self.server.prepare(self.jars)
         with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(broker_command(self.port), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.server.command(self.jars), stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        list_topics(f"127.0.0.1:{self.port}", timeout_s=30)
+        wait_listening(self.port, time.monotonic() + 60, self.proc)
+        list_topics(self.server.bootstrap, timeout_s=60)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -200,7 +225,7 @@ class Broker:
 @pytest.fixture
 def broker(tmp_path):
     """A broker of the test's own, which the test may kill and start again (it loses what it held)."""
-    broker = Broker(free_port(), tmp_path / "broker.log")
+    broker = Broker(tmp_path / "broker", tmp_path / "broker.log")
     broker.start()
     try:
         yield broker

@@ -1,9 +1,10 @@
 """Streaming programs of others, as their authors published them, changed only at their source and their sink.
 
 Each function below is one published program's body. Its source (what the original reads from a
-socket, a Kafka connector or ``spark.readStream. ...``) is the ``headwater_kafka`` source over the
-topics it is given, keeping the program's own column handling, with the ``maxOffsetsPerTrigger`` the
-test gives (one micro-batch per round of its events). It returns the program's final DataFrame and
+socket, a Kafka connector or ``spark.readStream. ...``) is Spark's Kafka connector over the topics it is
+given, from their earliest offsets (the test produces before it starts the query), keeping the program's
+own column handling, with the ``maxOffsetsPerTrigger`` the test gives (one micro-batch per round of its
+events). It returns the program's final DataFrame and
 its own output mode, for the test to write in place of the original's console sink: traced
 (``tracer.trace(df, name=…).writeStream.outputMode(mode).format("parquet")`` with a checkpoint), or
 untraced (``foreachBatch`` appending each batch to Parquet), with a processing-time trigger of 1 s
@@ -25,14 +26,15 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 # Origin: apache/spark, examples/src/main/python/sql/streaming/structured_kafka_wordcount.py
 # (https://github.com/apache/spark/blob/master/examples/src/main/python/sql/streaming/structured_kafka_wordcount.py).
-# Changed: the source's format "kafka" is "headwater_kafka" (the same options and columns; the
-# `subscribeType` argument is "subscribe", and `maxOffsetsPerTrigger` is set); the sink, `.format('console')`, is the test's Parquet
+# Changed: the source's `subscribeType` argument is "subscribe", and `startingOffsets` ("earliest") and
+# `maxOffsetsPerTrigger` are set; the sink, `.format('console')`, is the test's Parquet
 # sink, in the program's own output mode, complete. Kept: `.selectExpr("CAST(value AS STRING)")`.
 def structured_kafka_wordcount(spark, bootstrapServers: str, topics: str, maxOffsetsPerTrigger: int):
     # Create DataSet representing the stream of input lines from kafka
     lines = spark\
         .readStream\
-        .format("headwater_kafka")\
+        .format("kafka")\
+        .option("startingOffsets", "earliest")\
         .option("kafka.bootstrap.servers", bootstrapServers)\
         .option("subscribe", topics)\
         .option("maxOffsetsPerTrigger", maxOffsetsPerTrigger)\
@@ -67,7 +69,7 @@ def structured_network_wordcount_windowed(spark, bootstrap: str, topic: str, max
 
     # Create DataFrame representing the stream of input lines from connection to host:port
     lines = (
-        spark.readStream.format("headwater_kafka")
+        spark.readStream.format("kafka").option("startingOffsets", "earliest")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("maxOffsetsPerTrigger", maxOffsetsPerTrigger)
@@ -136,7 +138,7 @@ SESSION_WINDOW_TRIGGER = "2 seconds"
 def structured_network_wordcount_session_window(spark, host_bootstrap: str, topic: str):
     # Create DataFrame representing the stream of input lines from connection to host:port
     lines = (
-        spark.readStream.format("headwater_kafka")
+        spark.readStream.format("kafka").option("startingOffsets", "earliest")
         .option("kafka.bootstrap.servers", host_bootstrap)
         .option("subscribe", topic)
         .load()
@@ -174,7 +176,7 @@ def _guide_stream(spark, bootstrap: str, topic: str, schema: str, maxOffsetsPerT
     """The source the Programming Guide leaves out (`spark.readStream. ...`): a Kafka topic of JSON
     events with the columns the guide names, read as its Kafka integration guide reads values,
     `CAST(value AS STRING)`, then parsed."""
-    return (spark.readStream.format("headwater_kafka")
+    return (spark.readStream.format("kafka").option("startingOffsets", "earliest")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("maxOffsetsPerTrigger", maxOffsetsPerTrigger)

@@ -46,7 +46,8 @@ def rounds() -> list[list[dict]]:
 
 
 def events_frame(spark, bootstrap, topic):
-    raw = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", bootstrap)
+    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+           .option("startingOffsets", "earliest")
            .option("subscribe", topic).load())
     parsed = raw.select(F.from_json(F.col("value").cast("string"), "id long, k int, v int, t string").alias("e"))
     return parsed.select("e.*").withColumn("ts", F.col("t").cast("timestamp")).drop("t") \

@@ -26,6 +26,7 @@ from headwater.demo.run import end_offsets, run_until
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient, choices
 from headwater.query.narrow.narrower import NarrowStore
+from headwater.core.offsets import partition_offsets
 
 from . import pipelines
 from .oracle import as_input
@@ -106,8 +107,8 @@ def runs(spark, env):
         for progress in query.recentProgress:
             if progress.numInputRows:
                 source = progress.sources[0]
-                batches[progress.batchId] = (json.loads(source.startOffset or "null") or {},
-                                             json.loads(source.endOffset))
+                batches[progress.batchId] = (partition_offsets(source.startOffset),
+                                             partition_offsets(source.endOffset))
         found[key] = SimpleNamespace(name=name, batches=batches,
                                      rows=[(r.asDict(), batch_of[local_file(r["_file"])]) for r in rows])
     return found

@@ -11,7 +11,6 @@ the black box (the dims row of a join above it) stay exact.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 
@@ -27,6 +26,7 @@ from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
+from headwater.core.offsets import partition_offsets
 
 from . import pipelines
 from .conftest import index, local_file, sink_file_batches
@@ -43,7 +43,8 @@ def env(spark, stack_config, tmp_path_factory):
 
 
 def parsed(spark, env):
-    source = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+    source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+              .option("startingOffsets", "earliest")
               .option("subscribe", env.topic).option("maxOffsetsPerTrigger", 120).load())
     return source.select(F.from_json(F.col("value").cast("string"), pipelines.EVENT_SCHEMA).alias("e")).select("e.*")
 
@@ -103,7 +104,7 @@ def run_traced(spark, env, df, name, mode="append", **trace):
     for progress in query.recentProgress:
         if progress.numInputRows:
             source = progress.sources[0]
-            batches[progress.batchId] = (json.loads(source.startOffset or "null") or {}, json.loads(source.endOffset))
+            batches[progress.batchId] = (partition_offsets(source.startOffset), partition_offsets(source.endOffset))
     batch_of = sink_file_batches(env.config, name)
     return [(r.asDict(), batch_of[local_file(r["_file"])]) for r in rows], batches
 
@@ -112,7 +113,7 @@ def records_read(env, start: dict, end: dict) -> list[tuple]:
     """(coordinates, parsed event) of every record a batch read, from its offset ranges."""
     found = []
     for value, (p, o) in zip(env.values, env.coordinates):
-        key = f"{env.topic}:{p}"
+        key = (env.topic, p)
         if start.get(key, 0) <= o < end[key]:
             found.append((("kafka", env.topic, p, o), pipelines.parse(value)))
     return found

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics
+from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 from headwater.demo import orders as data
@@ -190,9 +191,10 @@ def test_batch_log_records_the_offsets_each_batch_read(spark, run):
     read_up_to: dict = {}
     for batch in sorted(progress):
         (source,) = progress[batch]["sources"]
-        assert (source["start"] or {}) == read_up_to, "batches must read the topic without gaps or overlaps"
-        assert source["rows_in"] == sum(source["end"][k] - read_up_to.get(k, 0) for k in source["end"])
-        read_up_to = source["end"]
+        start, end = partition_offsets(source["start"]), partition_offsets(source["end"])
+        assert start == read_up_to, "batches must read the topic without gaps or overlaps"
+        assert source["rows_in"] == sum(end[k] - read_up_to.get(k, 0) for k in end)
+        read_up_to = end
     assert read_up_to == end_offsets(run.topic, run.coordinates)
 
     # Every output row's Kafka record lies in the range its batch's progress names.
@@ -207,8 +209,8 @@ def test_batch_log_records_the_offsets_each_batch_read(spark, run):
         batch = batch_of[local_file(row.file)]
         (source,) = progress[batch]["sources"]
         p, o = coordinate_of[row.order_id]
-        key = f"{run.topic}:{p}"
-        assert (source["start"] or {}).get(key, 0) <= o < source["end"][key]
+        key = (run.topic, p)
+        assert partition_offsets(source["start"]).get(key, 0) <= o < partition_offsets(source["end"])[key]
 
 
 def test_cli_prints_json_lines_and_clear_errors(spark, stack, run):

@@ -32,7 +32,7 @@ from bench.http_load import demo_env, serving
 from headwater.adapters.table_files import uri_path
 from headwater.deploy import tools
 from headwater.indexer.batch_log import BatchLog
-from headwater.query.fallback import offset_ranges
+from headwater.core.offsets import offset_ranges
 
 SHOTS = Path("/tmp/explorer-shots")
 ROOT = Path(__file__).resolve().parents[1]

@@ -69,7 +69,7 @@ def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
         try:
             for number in range(len(SIZES)):
                 if number == DOWN[0]:
-                    index(config)  # what the in-memory broker holds is lost when it is killed
+                    index(config)
                     log_records += read_log(config)
                     broker.kill()
                 if number == DOWN[-1] + 1:

@@ -2,11 +2,7 @@
 password never shows; then the producer on the local stack: acks=all, idempotent, topics only
 as ``ensure_topics`` makes them.
 
-A broker with SASL or TLS cannot run here: the tansu of the local stack takes ``--authentication``
-but has no way to create a SCRAM user on an authenticating broker with in-memory storage (its
-``user create`` must itself authenticate), and its ``--cert`` leaves the listener plaintext. So the
-client side is checked up to each kafka-python constructor's arguments, with the constructors
-replaced by recorders, named as such.
+Each client made with them against a real SASL_SSL broker with ACLs: ``tests/test_kafka_security.py``.
 """
 
 from __future__ import annotations
@@ -17,13 +13,10 @@ import uuid
 import pytest
 
 from headwater.adapters import kafka as kafka_adapter
-from headwater.capture import kafka_source
-from headwater.capture.delivery import Delivery, DeliverySettings
+from headwater.capture.delivery import DeliverySettings
 from headwater.core import config as configuration
 from headwater.core.config import Config
 from headwater.core.kafka_client import KafkaSettingsError, connection
-from headwater.indexer.service import Indexer
-from headwater.query import fallback
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 SASL_SSL = dict(bootstrap="broker-1:9093,broker-2:9093", kafka_security_protocol="SASL_SSL",
@@ -95,95 +88,11 @@ def test_the_password_is_never_shown_nor_written(tmp_path, monkeypatch):
     assert PASSWORD not in repr(loaded)
 
 
-class Built(Exception):
-    """Raised by the recording constructors: the client was asked for, with these arguments."""
-
-    def __init__(self, kind: str, arguments: dict):
-        super().__init__(kind)
-        self.kind, self.arguments = kind, arguments
-
-
-@pytest.fixture
-def recorded(monkeypatch):
-    """kafka-python's three client classes, as the adapter sees them, replaced by recorders (fakes,
-    named as such: no SASL broker runs here). Each call's arguments are kept, then ``Built`` raised."""
-    calls = []
-
-    def recorder(kind):
-        def construct(**arguments):
-            calls.append((kind, arguments))
-            raise Built(kind, arguments)
-        return construct
-
-    for kind in ("KafkaProducer", "KafkaConsumer", "KafkaAdminClient"):
-        monkeypatch.setattr(kafka_adapter, kind, recorder(kind))
-    return calls
-
-
-def test_every_client_gets_the_security_settings(recorded, tmp_path, caplog):
-    config = Config(**SASL_SSL, kafka_sasl_password=PASSWORD, store_dir=str(tmp_path / "store"),
-                    graph_uri="bolt://127.0.0.1:1")
-    indexer = Indexer(config)
-    makers = {
-        "adapter producer": lambda: kafka_adapter.producer(config),
-        "adapter consumer": lambda: kafka_adapter.consumer(config),
-        "adapter admin": lambda: kafka_adapter.admin(config, timeout_s=0.1),
-        "ensure_topics": lambda: kafka_adapter.ensure_topics(config, ["t"]),
-        "payload by offset": lambda: kafka_adapter.record_at(config, "t", 0, 0),
-        "indexer consumer": lambda: indexer._consumer(),
-        "indexer dlq producer": lambda: indexer.to_dlq(None, "why"),
-        "query fallback consumer": lambda: fallback._kafka(config, [{"start": {"t:0": 0}, "end": {"t:0": 2}}]),
-    }
-    try:
-        for name, make in makers.items():
-            with pytest.raises(Built) as built:
-                make()
-            assert EXPECTED.items() <= built.value.arguments.items(), name
-    finally:
-        indexer.close()
-    # capture's delivery: its producer is made on first use, and a failure to make it means spilling
-    with caplog.at_level(logging.DEBUG):
-        assert Delivery(DeliverySettings.of(config)).producer() is None
-    assert recorded[-1][0] == "KafkaProducer" and EXPECTED.items() <= recorded[-1][1].items()
-    assert PASSWORD not in caplog.text
-    assert {kind for kind, _ in recorded} == {"KafkaProducer", "KafkaConsumer", "KafkaAdminClient"}
-
-
-def test_an_address_alone_takes_the_environments_security_settings(recorded, monkeypatch, tmp_path):
-    """Callers that hold only a bootstrap address (the tracer's ``attach``, capture's Kafka source on
-    the executors) get the deployment's settings, which it gives as ``HEADWATER_*`` variables."""
-    monkeypatch.setenv("HEADWATER_HOME", str(tmp_path))
-    for name, value in SASL_SSL.items():
-        if name != "bootstrap":
-            monkeypatch.setenv(f"HEADWATER_{name.upper()}", value)
-    monkeypatch.setenv("HEADWATER_KAFKA_SASL_PASSWORD", PASSWORD)
-    monkeypatch.setenv("HEADWATER_TOPIC_REPLICATION", "3")
-    with pytest.raises(Built) as built:
-        kafka_adapter.ensure_topics("broker-1:9093,broker-2:9093", ["t"], 4)
-    assert EXPECTED.items() <= built.value.arguments.items()
-    with pytest.raises(Built) as built:
-        list(kafka_source.read_range("broker-1:9093,broker-2:9093", kafka_source.OffsetRange("t", 0, 0, 1)))
-    assert EXPECTED.items() <= built.value.arguments.items()
-    assert kafka_adapter.config_of("b:1").topic_replication == 3
-
-
-def test_producer_defaults():
-    config = Config()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kafka_adapter, "KafkaProducer", lambda **arguments: arguments)
-        made = kafka_adapter.producer(config, linger_ms=0)
-    # Kafka honours allow_auto_create_topics (the local tansu makes a topic on a send anyway, so topics are
-    # made by ensure_topics before anything is sent to them).
-    assert made["acks"] == "all" and made["allow_auto_create_topics"] is False and made["linger_ms"] == 0
-    # idempotence is left to kafka-python's default (on), which it turns off itself for a broker too old
-    assert "enable_idempotence" not in made
-
-
 # -- on the local stack
 
 
 def test_the_producer_waits_for_all_replicas_and_is_idempotent(config):
-    replicated = config.with_overrides(topic_replication=3, topic_partitions=3)
+    replicated = config.with_overrides(topic_replication=1, topic_partitions=3)  # the local stack: one broker
     topic = f"acks-{uuid.uuid4().hex[:8]}"
     kafka_adapter.ensure_topics(replicated, [topic])
     client = kafka_adapter.admin(config)
@@ -192,11 +101,12 @@ def test_the_producer_waits_for_all_replicas_and_is_idempotent(config):
     finally:
         client.close()
     assert len(described["partitions"]) == 3
-    assert all(len(p["replica_nodes"]) == 3 for p in described["partitions"])
+    assert all(len(p["replica_nodes"]) == 1 for p in described["partitions"])
 
     producer = kafka_adapter.producer(config)
     try:
         assert producer.config["acks"] == -1 and producer.config["enable_idempotence"] is True
+        assert producer.config["allow_auto_create_topics"] is False  # topics are made by ensure_topics only
         sent = [(str(i % 7).encode(), f"v{i}".encode()) for i in range(300)]
         futures = [producer.send(topic, key=k, value=v) for k, v in sent]
         producer.flush(timeout=30)
@@ -207,10 +117,29 @@ def test_the_producer_waits_for_all_replicas_and_is_idempotent(config):
     read = {}
     for p in range(3):
         count = sum(1 for m in landed if m.partition == p)
-        read[p] = [(r.key, r.value) for r in kafka_adapter.read_records(config, topic, p, 0, count)]
+        read[p] = [(r.key, r.value) for r in records(config, topic, p, count)]
     by_partition = {p: [(k, v) for (k, v), m in zip(sent, landed) if m.partition == p] for p in range(3)}
     assert read == by_partition  # each record once, in the order sent, per partition
     assert all(by_partition.values())
+
+
+def records(config, topic: str, partition: int, count: int) -> list:
+    """The first ``count`` records of a partition, in order."""
+    from kafka import TopicPartition
+
+    client = kafka_adapter.consumer(config)
+    try:
+        where = TopicPartition(topic, partition)
+        client.assign([where])
+        client.seek(where, 0)
+        found = []
+        while len(found) < count:
+            polled = client.poll(timeout_ms=5000).get(where, [])
+            assert polled, f"{topic}:{partition} gave {len(found)} of {count} records"
+            found += polled
+        return found[:count]
+    finally:
+        client.close()
 
 
 def test_drain_processes_get_the_security_settings_but_never_the_password(tmp_path, monkeypatch):

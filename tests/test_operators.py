@@ -35,7 +35,7 @@ def content(row: dict) -> tuple:
 
 @pytest.mark.parametrize("name", sorted(pipelines.PIPELINES))
 def test_pipeline_lineage_equals_the_oracle(spark, env, name):
-    source = (spark.readStream.format("headwater_kafka")
+    source = (spark.readStream.format("kafka").option("startingOffsets", "earliest")
               .option("kafka.bootstrap.servers", env.config.bootstrap)
               .option("subscribe", env.topic).option("maxOffsetsPerTrigger", 150).load())
     df = pipelines.spark_pipeline(name, source, env)

@@ -5,7 +5,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from headwater.capture import UnsupportedPlanError
-from headwater.capture.kafka_source import KafkaSource
 from headwater.capture.rewrite import thread_rids
 from headwater.capture.spark_plan import plan_ir
 from headwater.core.plan import build, column_lineage, column_masks
@@ -94,7 +93,6 @@ def test_ir_rejects_records_that_are_not_one_tree():
 
 @pytest.fixture
 def demo_df(spark, tmp_path):
-    spark.dataSource.register(KafkaSource)
     path = tmp_path / "customers.parquet"
     pq.write_table(pa.Table.from_pylist(data.customers()), path)
     return enriched_orders(spark, "127.0.0.1:1", "orders", str(path))

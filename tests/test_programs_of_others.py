@@ -2,12 +2,11 @@
 
 Eight programs (``tests/programs_of_others.py``, each with its origin and what was changed above
 it) from Spark's own Python examples and its Structured Streaming Programming Guide, changed only
-at their source (the ``headwater_kafka`` source, keeping their own column handling) and at their
+at their source (Spark's Kafka connector, keeping their own column handling) and at their
 sink (a checkpointed Parquet sink in their own output mode, traced; ``foreachBatch`` appending
 each batch to Parquet, untraced). Every round of a program's events is produced first, then read
 by one live query traced and one untraced, all programs at once, a round a micro-batch
-(``maxOffsetsPerTrigger``, the data already there: both queries see the same batches; an
-``availableNow`` run of this source would read everything in one batch), each stopped once it has
+(``maxOffsetsPerTrigger``, the data already there: both queries see the same batches), each stopped once it has
 read everything and run the no-data batch its watermark asks for. The applyInPandasWithState
 session program, whose sessions close on a processing-time timeout, is fed round after round
 instead, each round once the last one's sessions timed out. Then, per program:
@@ -41,6 +40,7 @@ from headwater.capture import attach
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH
 from headwater.query.api import LineageClient
+from headwater.core.offsets import partition_offsets, reached
 
 from . import programs_of_others as programs
 from .conftest import index, local_file, own_topics, read_log, records_read, stop_when_idle, while_initializing
@@ -470,15 +470,15 @@ def produce(bootstrap: str, topic: str, records: list[Record]) -> None:
         client.close()
 
 
-def produce_round(config, run: Run, records: list[Record]) -> dict[str, int]:
-    """A round's records into their topics; the end offsets (``{"topic:0": next}``) every topic of the run
+def produce_round(config, run: Run, records: list[Record]) -> dict[tuple[str, int], int]:
+    """A round's records into their topics; the end offsets (``{(topic, 0): next}``) every topic of the run
     has then."""
     for name, topic in run.topics.items():
         produce(config.bootstrap, topic, [r for r in records if r.topic == name])
     run.records.extend(records)
-    ends = {f"{topic}:0": 0 for topic in run.topics.values()}
+    ends = {(topic, 0): 0 for topic in run.topics.values()}
     for record in run.records:
-        key = f"{record.coord[1]}:{record.coord[2]}"
+        key = (record.coord[1], record.coord[2])
         ends[key] = max(ends[key], record.coord[3] + 1)
     return ends
 
@@ -538,8 +538,8 @@ class Settling:
         progress = self.query.lastProgress
         read = {}
         for source in (progress.sources if progress is not None else []):
-            read.update(json.loads(source.endOffset or "{}"))
-        if read != self.ends:
+            read.update(partition_offsets(source.endOffset))
+        if not reached(read, self.ends):
             return False
         if self.last != (progress.batchId, progress.timestamp):
             self.last, self.since = (progress.batchId, progress.timestamp), time.monotonic()
@@ -590,8 +590,8 @@ class Live:
             return False
         read = {}
         for source in progress.sources:
-            read.update(json.loads(source.endOffset or "{}"))
-        return read == self.ends
+            read.update(partition_offsets(source.endOffset))
+        return reached(read, self.ends)
 
     def _emptied(self, query) -> bool:
         progress = query.lastProgress

@@ -24,7 +24,7 @@ import yaml
 
 from headwater.deploy.stack import free_port
 
-from .conftest import own_topics, stop_when_idle
+from .conftest import own_topics, stop_process, stop_when_idle
 from .test_grafana import alert_files, dashboards
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules.yaml"
@@ -94,13 +94,7 @@ class Prometheus:
         return self.api("query", query=expr)["result"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop_process(self.proc)
 
 
 def start_indexer(stack, config, port: int, log: Path) -> subprocess.Popen:
@@ -112,17 +106,6 @@ def start_indexer(stack, config, port: int, log: Path) -> subprocess.Popen:
                                  "--metrics-port", str(port), "--group", f"prometheus-{config.edges_topic}"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    """Stop a process the test started, by its PID: SIGINT first (the indexer closes its consumer)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def traced_rate_stream(spark, tracer, name: str, folder: Path):
@@ -152,7 +135,7 @@ def live(spark, stack, stack_config, tools, tmp_path_factory):
     ports = {"headwater-capture": free_port(), "headwater-indexer": free_port()}
     with contextlib.ExitStack() as stop:
         indexer = start_indexer(stack, config, ports["headwater-indexer"], folder / "indexer.log")
-        stop.callback(stop_process, indexer)
+        stop.callback(stop_process, indexer, signal.SIGINT)
         server = http.serve(config, "127.0.0.1", 0, say=lambda _: None)
         stop.callback(server.close)
         ports["headwater-query"] = urllib.parse.urlsplit(server.url).port

@@ -30,6 +30,7 @@ from headwater.capture.sinks.spark_sinks import FileSink, StreamingWriteSink
 from headwater.core.schema import LOG_BATCH
 from headwater.adapters.table_files import sink_batch_files
 from headwater.query.api import LineageClient
+from headwater.core.offsets import reached
 
 from . import pipelines
 from .conftest import index, local_file, read_log, stop_when_idle
@@ -66,7 +67,8 @@ def expected(env) -> dict[int, dict]:
 
 
 def stream(spark, env):
-    source = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+    source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+              .option("startingOffsets", "earliest")
               .option("subscribe", env.topic).option("maxOffsetsPerTrigger", PER_BATCH).load())
     events = source.select(F.from_json(F.col("value").cast("string"), pipelines.EVENT_SCHEMA).alias("e")) \
         .select("e.*").where("id IS NOT NULL")
@@ -92,12 +94,11 @@ def fail_after_write(sink_class, batch: int = FAULT_BATCH):
         yield fired
 
 
-def ends(env) -> dict[str, int]:
-    """Where the topic ends, as the source reports offsets."""
-    last: dict[str, int] = {}
+def ends(env) -> dict[tuple[str, int], int]:
+    """Where the topic ends: ``{(topic, partition): next offset}``."""
+    last: dict[tuple[str, int], int] = {}
     for partition, offset in env.coordinates:
-        name = f"{env.topic}:{partition}"
-        last[name] = max(last.get(name, 0), offset + 1)
+        last[env.topic, partition] = max(last.get((env.topic, partition), 0), offset + 1)
     return last
 
 
@@ -106,7 +107,7 @@ def run(start, checkpoint: Path, env):
     splits it into batches only under a processing-time trigger)."""
     query = start(str(checkpoint))
     deadline = time.monotonic() + 240
-    while not any(json.loads(s.endOffset or "{}") == ends(env) for p in query.recentProgress for s in p.sources):
+    while not any(reached(s.endOffset, ends(env)) for p in query.recentProgress for s in p.sources):
         assert query.exception() is None, query.exception()
         assert time.monotonic() < deadline, "the stream did not read the whole topic"
         time.sleep(0.2)

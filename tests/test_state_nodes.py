@@ -39,6 +39,7 @@ from headwater.core.schema import LOG_BATCH
 from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
+from headwater.core.offsets import partition_offsets
 
 from .conftest import (edges_published, index, local_file, own_topics, read_log, records_read, sink_file_batches,
                        stop_when_idle)
@@ -115,7 +116,7 @@ def read_all(query, last_offset: int, topic: str) -> None:
     import time
 
     deadline = time.monotonic() + 300
-    while not any(json.loads(s.endOffset or "{}").get(f"{topic}:0", 0) > last_offset
+    while not any(partition_offsets(s.endOffset).get((topic, 0), 0) > last_offset
                   for p in query.recentProgress for s in p.sources):
         assert query.exception() is None, query.exception()
         assert time.monotonic() < deadline, "the stream did not read its rows"
@@ -144,7 +145,8 @@ class Stream:
 
     def start(self, tracer, build, mode: str = "update"):
         """Start the stream traced by ``tracer``: ``build`` makes the sink's DataFrame of the events."""
-        raw = (self.spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", self.config.bootstrap)
+        raw = (self.spark.readStream.format("kafka").option("kafka.bootstrap.servers", self.config.bootstrap)
+               .option("startingOffsets", "earliest")
                .option("subscribe", self.topic).option("maxOffsetsPerTrigger", PER_BATCH).load())
         parsed = raw.select(F.from_json(F.col("value").cast("string"), "id long, k int, v int, t long").alias("e"))
         df = parsed.select("e.*").withColumn("ts", F.col("t").cast("timestamp")).drop("t") \

@@ -95,7 +95,8 @@ def read_tables(spark, paths: dict):
 
 
 def pipeline(spark, config, topic: str, sites, zones):
-    source = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", config.bootstrap)
+    source = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", config.bootstrap)
+              .option("startingOffsets", "earliest")
               .option("subscribe", topic).option("maxOffsetsPerTrigger", 25).load())
     reading = F.from_json(F.col("value").cast("string"), "sensor string, v long")
     return (source.select(reading.alias("r")).select("r.*").where("v >= 0")

@@ -21,6 +21,7 @@ from headwater.capture import attach
 from headwater.demo import orders as demo_data
 from headwater.core.rid import kafka_rid
 from headwater.query.api import LineageClient
+from headwater.core.offsets import partition_offsets, reached
 
 from .conftest import index, own_topics, while_initializing
 from .oracle import as_input
@@ -52,7 +53,8 @@ def rounds() -> list[tuple[list[dict], list[dict]]]:
 
 def build(spark, bootstrap: str, impressions_topic: str, clicks_topic: str, how: str):
     def read(topic, schema, time_column):
-        raw = (spark.readStream.format("headwater_kafka").option("kafka.bootstrap.servers", bootstrap)
+        raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+               .option("startingOffsets", "earliest")
                .option("subscribe", topic).load())
         parsed = raw.select(F.from_json(F.col("value").cast("string"), schema).alias("e")).select("e.*")
         return parsed.withColumn(time_column, F.col("t").cast("timestamp")).drop("t") \
@@ -78,7 +80,7 @@ class Run:
         self.query = (writer.option("checkpointLocation", str(workdir / f"cp-{tag}"))
                       .trigger(processingTime="200 milliseconds").start(self.sink))
         self.coordinates: dict = {}
-        self.ends = {f"{topic}:0": 0 for topic in self.topics.values()}
+        self.ends = {(topic, 0): 0 for topic in self.topics.values()}
 
     def produce(self, impressions: list[dict], clicks: list[dict]) -> None:
         for id_field, events in (("iid", impressions), ("cid", clicks)):
@@ -86,7 +88,7 @@ class Run:
             placed = demo_data.produce(self.config.bootstrap, topic, [(None, json.dumps(e).encode()) for e in events])
             for event, (p, o) in zip(events, placed):
                 self.coordinates[(id_field, event[id_field])] = ("kafka", topic, p, o)
-                self.ends[f"{topic}:{p}"] = max(self.ends[f"{topic}:{p}"], o + 1)
+                self.ends[topic, p] = max(self.ends[topic, p], o + 1)
 
 
 def run_until_both(query, ends: dict) -> None:
@@ -99,8 +101,8 @@ def run_until_both(query, ends: dict) -> None:
         if progress is not None:
             read = {}
             for source in progress.sources:
-                read.update(json.loads(source.endOffset or "{}"))
-            if read == ends and not progress.numInputRows and not query.status["isTriggerActive"]:
+                read.update(partition_offsets(source.endOffset))
+            if reached(read, ends) and not progress.numInputRows and not query.status["isTriggerActive"]:
                 return
         if query.exception():
             raise RuntimeError(query.exception())

@@ -142,12 +142,20 @@ def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: li
         # are appended as each batch's files, once each: the history its lineage is about.
         output_mode = "append"
     try:
-        jsink = data_source.createSink(java_output_mode(jvm, output_mode), java_schema(spark, schema))
+        mode = java_output_mode(jvm, output_mode)
+        jsink = data_source.createSink(mode, java_schema(spark, schema)) if _takes_schema(data_source) \
+            else data_source.createSink(mode)
     except Exception as exc:
         raise SinkError(f"the traced query cannot write to {source!r}: {message(exc)}") from exc
     if jsink.getClass().getName() == FILE_SINK:
         return FileSink(spark, jsink, option(options, "path"))
     return SparkSink(jsink)
+
+
+def _takes_schema(data_source) -> bool:
+    """Whether ``DataSource.createSink`` takes the query's schema beside the output mode (Spark 4.3 on)."""
+    return any(m.getName() == "createSink" and m.getParameterCount() == 2
+               for m in data_source.getClass().getMethods())
 
 
 def _streaming_table(spark: SparkSession, cls, source: str, options: dict, schema: StructType):

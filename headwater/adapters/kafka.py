@@ -10,11 +10,10 @@ environment, the stack's state file), which is where a deployment sets them.
 from __future__ import annotations
 
 import time
-from typing import Iterator
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import AuthorizationError, KafkaError, TopicAlreadyExistsError
 
 from headwater.core import config as configuration
 from headwater.core.config import Config
@@ -24,7 +23,66 @@ Kafka = Config | str  # a config, or a bootstrap address (security settings from
 
 
 class BrokerUnavailable(RuntimeError):
-    """The Kafka-protocol broker did not answer; is the stack up (``headwater stack status``)?"""
+    """The Kafka broker did not answer, or refused headwater's login or certificate; the message says which
+    and names the setting to change (``diagnose``), never a secret."""
+
+
+class NotAuthorized(BrokerUnavailable):
+    """The broker took headwater's login but its ACLs do not allow what was asked (a topic, a group)."""
+
+
+def diagnose(config: Config, timeout_s: float = 5.0) -> str:
+    """Why no client of ``config`` could bootstrap, as far as the connection itself tells, naming the setting.
+
+    kafka-python gives up with "Unable to bootstrap" whatever the cause, so each step is tried here on the
+    first bootstrap server that accepts a connection: TCP, then TLS with the config's CA (an untrusted
+    certificate fails here), then, TLS being fine, the SASL login, the only step left.
+    """
+    import socket
+    import ssl
+
+    protocol = config.kafka_security_protocol
+    servers = [s.strip() for s in config.bootstrap.split(",") if s.strip()]
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            plain = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        except (OSError, ValueError):
+            continue
+        with plain:
+            if protocol in ("SSL", "SASL_SSL"):
+                context = ssl.create_default_context(cafile=config.kafka_ssl_cafile or None)
+                try:
+                    if config.kafka_ssl_certfile:
+                        context.load_cert_chain(config.kafka_ssl_certfile, config.kafka_ssl_keyfile or None)
+                    context.wrap_socket(plain, server_hostname=host.strip("[]")).close()
+                except ssl.SSLCertVerificationError as exc:
+                    trusted = f"kafka_ssl_cafile ({config.kafka_ssl_cafile})" if config.kafka_ssl_cafile \
+                        else "the system's CAs (kafka_ssl_cafile is not set)"
+                    return (f"the broker at {server} has a certificate {trusted} does not trust: "
+                            f"{exc.verify_message}; set kafka_ssl_cafile to the CA that signed it")
+                except (ssl.SSLError, OSError) as exc:
+                    return (f"no TLS with the broker at {server} ({type(exc).__name__}: {exc}): check "
+                            f"kafka_security_protocol ({protocol}) and kafka_ssl_certfile/kafka_ssl_keyfile")
+        if protocol.startswith("SASL_"):
+            return (f"the broker at {server} refused the SASL login of kafka_sasl_username "
+                    f"{config.kafka_sasl_username!r} ({config.kafka_sasl_mechanism}), or did not answer it in "
+                    f"time: check the password (kafka_sasl_password or kafka_sasl_password_file) and "
+                    f"kafka_sasl_mechanism")
+        return f"the broker at {server} accepts connections but does not answer Kafka's protocol in time"
+    return f"no Kafka broker listens at {config.bootstrap} (bootstrap); is it up (headwater stack status)?"
+
+
+def unavailable(config: Config) -> BrokerUnavailable:
+    """The error for a client of ``config`` that could not be made: ``diagnose``'s reason."""
+    return BrokerUnavailable(f"no Kafka client of {config.bootstrap}: {diagnose(config)}")
+
+
+def not_authorized(config: Config, what: str, exc: Exception) -> NotAuthorized:
+    user = f"kafka_sasl_username {config.kafka_sasl_username!r}" if config.kafka_security_protocol.startswith(
+        "SASL_") else "headwater's principal"
+    return NotAuthorized(f"the broker at {config.bootstrap} does not allow {user} to {what} "
+                         f"({type(exc).__name__}): its ACLs must allow it")
 
 
 def config_of(kafka: Kafka) -> Config:
@@ -40,9 +98,9 @@ def admin(kafka: Kafka, timeout_s: float = 10.0) -> KafkaAdminClient:
         try:
             return KafkaAdminClient(**settings, request_timeout_ms=10000,
                                     bootstrap_timeout_ms=max(200, int((deadline - time.monotonic()) * 1000)))
-        except (KafkaError, OSError) as exc:
+        except (KafkaError, OSError):
             if time.monotonic() > deadline:
-                raise BrokerUnavailable(f"no Kafka broker answers at {config.bootstrap}: {exc}") from exc
+                raise unavailable(config) from None
             time.sleep(0.2)
 
 
@@ -72,6 +130,8 @@ def ensure_topics(kafka: Kafka, names: list[str], partitions: int | None = None,
                                   for n in missing])
         except TopicAlreadyExistsError:
             pass
+        except AuthorizationError as exc:  # an ACL short of Describe hides a topic that exists, too
+            raise not_authorized(config, f"describe or create the topics {', '.join(missing)}", exc) from None
     finally:
         client.close()
 
@@ -82,8 +142,7 @@ def producer(kafka: Kafka, **overrides) -> KafkaProducer:
     Idempotence (a retried send is written once) is kafka-python's default and left to it:
     on a broker too old for it (before 0.11) kafka-python turns it off with a warning,
     where asking for it explicitly would fail every send. The broker is asked never to make a
-    topic for a send (Kafka honours it; the local stack's tansu makes one anyway, so callers
-    make their topics with ``ensure_topics`` before sending).
+    topic for a send: callers make their topics with ``ensure_topics`` before sending.
     """
     settings = dict(
         acks="all",
@@ -94,14 +153,16 @@ def producer(kafka: Kafka, **overrides) -> KafkaProducer:
         allow_auto_create_topics=False,
     )
     settings.update(overrides)
-    return KafkaProducer(**connection(config_of(kafka)), **settings)
+    config = config_of(kafka)
+    try:
+        return KafkaProducer(**connection(config), **settings)
+    except KafkaError:  # its bootstrap failed
+        raise unavailable(config) from None
 
-
-FETCH_TIMEOUT_S = 30.0
 
 
 class KafkaSourceError(RuntimeError):
-    """Records could not be read from the broker in time."""
+    """Records could not be read from the broker."""
 
 
 def consumer(kafka: Kafka, **overrides) -> KafkaConsumer:
@@ -114,68 +175,11 @@ def consumer(kafka: Kafka, **overrides) -> KafkaConsumer:
         allow_auto_create_topics=False,
     )
     settings.update(overrides)
-    return KafkaConsumer(**connection(config_of(kafka)), **settings)
-
-
-HIGH_WATERMARK_WAIT_MS = 10  # how long the broker may hold a fetch at a partition's end (kafka-python's default 500)
-
-
-def high_watermark_client(kafka: Kafka) -> KafkaConsumer:
-    """A consumer for ``high_watermarks``: the broker answers a fetch at a partition's end at once."""
-    return consumer(kafka, fetch_max_wait_ms=HIGH_WATERMARK_WAIT_MS)
-
-
-def high_watermarks(client: KafkaConsumer, partitions: dict) -> dict:
-    """Fetched high-water marks for ``{TopicPartition: position_to_fetch_from}``.
-
-    One fetch per partition at a known position makes the broker report its
-    high-water mark; ``client.highwater`` then holds it. Unassigning first drops the
-    marks of earlier calls, so every mark returned is fresh. At the end of a partition the
-    broker holds the fetch for the client's ``fetch_max_wait_ms`` (``HIGH_WATERMARK_WAIT_MS``
-    in ``high_watermark_client``) before it answers with no records, and the polls here are
-    short, so a stream with nothing new learns it in tens of milliseconds, not 400–600.
-    """
-    client.unsubscribe()
-    client.assign(list(partitions))
-    for tp, position in partitions.items():
-        client.seek(tp, position)
-    deadline = time.monotonic() + FETCH_TIMEOUT_S
-    while True:
-        marks = {tp: client.highwater(tp) for tp in partitions}
-        if all(mark is not None for mark in marks.values()):
-            return marks
-        if time.monotonic() > deadline:
-            missing = [f"{tp.topic}:{tp.partition}" for tp, m in marks.items() if m is None]
-            raise KafkaSourceError(f"no high-water mark from the broker for {missing}")
-        # Records fetched here are discarded: only the marks that come with them count.
-        client.poll(timeout_ms=10, max_records=1, update_offsets=False)
-        for tp, position in partitions.items():
-            client.seek(tp, position)
-
-
-def read_records(kafka: Kafka, topic: str, partition: int, start: int, end: int) -> Iterator:
-    """The records at offsets ``start`` (inclusive) to ``end`` (exclusive), in order."""
-    tp = TopicPartition(topic, partition)
-    client = consumer(kafka)
+    config = config_of(kafka)
     try:
-        client.assign([tp])
-        client.seek(tp, start)
-        position = start
-        deadline = time.monotonic() + FETCH_TIMEOUT_S
-        while position < end:
-            batch = client.poll(timeout_ms=500, max_records=5000).get(tp, [])
-            if not batch and time.monotonic() > deadline:
-                raise KafkaSourceError(
-                    f"{topic}:{partition} stopped at offset {position}, expected records up to {end - 1}"
-                )
-            for record in batch:
-                if record.offset >= end:
-                    return
-                position = record.offset + 1
-                deadline = time.monotonic() + FETCH_TIMEOUT_S
-                yield record
-    finally:
-        client.close()
+        return KafkaConsumer(**connection(config), **settings)
+    except KafkaError:  # its bootstrap failed
+        raise unavailable(config) from None
 
 
 class RecordGone(KafkaSourceError):

@@ -17,7 +17,7 @@ EUR_PER_USD = 0.92
 def enriched_orders(spark: SparkSession, bootstrap: str, topic: str, customers_path: str,
                     max_per_batch: int = 400) -> DataFrame:
     raw = (
-        spark.readStream.format("headwater_kafka")
+        spark.readStream.format("kafka").option("startingOffsets", "earliest")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("maxOffsetsPerTrigger", max_per_batch)

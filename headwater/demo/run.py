@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from headwater.core.config import Config
+from headwater.core.offsets import Offsets, reached
 
 
 @dataclass
@@ -46,6 +47,10 @@ def spark_session(app: str = "headwater", **conf: str):
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
     )
+    if "spark.jars" not in conf:  # Spark's own Kafka connector, of pyspark's version, from the tools cache
+        from headwater.deploy.tools import spark_kafka_jars
+
+        builder = builder.config("spark.jars", ",".join(spark_kafka_jars()))
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -69,16 +74,15 @@ def count_malformed(events: list[tuple[bytes, bytes]]) -> int:
     return bad
 
 
-def end_offsets(topic: str, coordinates: list[tuple[int, int]]) -> dict[str, int]:
-    """The source offsets (``{"topic:partition": next offset}``) once every event is read."""
-    ends: dict[str, int] = {}
+def end_offsets(topic: str, coordinates: list[tuple[int, int]]) -> Offsets:
+    """The source's offsets (``{(topic, partition): next offset}``) once every event is read."""
+    ends: Offsets = {}
     for partition, offset in coordinates:
-        key = f"{topic}:{partition}"
-        ends[key] = max(ends.get(key, 0), offset + 1)
+        ends[topic, partition] = max(ends.get((topic, partition), 0), offset + 1)
     return ends
 
 
-def run_until(query, until: dict[str, int], say: Callable[[str], None], timeout_s: float = 300.0) -> None:
+def run_until(query, until: Offsets, say: Callable[[str], None], timeout_s: float = 300.0) -> None:
     """Let a live ``query`` run until its source has read up to ``until``, then stop it."""
     deadline = time.monotonic() + timeout_s
     seen = -1
@@ -89,8 +93,8 @@ def run_until(query, until: dict[str, int], say: Callable[[str], None], timeout_
         if progress is not None and progress.batchId != seen and progress.numInputRows:
             seen = progress.batchId
             say(f"  batch {seen}: {progress.numInputRows} events in, {progress.durationMs.get('triggerExecution')} ms")
-        reached = progress is not None and json.loads(progress.sources[0].endOffset or "{}") == until
-        if reached and not query.status["isTriggerActive"]:
+        read_all = progress is not None and reached(progress.sources[0].endOffset, until)
+        if read_all and not query.status["isTriggerActive"]:
             query.stop()
             return
         if time.monotonic() > deadline:
@@ -99,7 +103,7 @@ def run_until(query, until: dict[str, int], say: Callable[[str], None], timeout_
         time.sleep(0.2)
 
 
-def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: dict[str, int],
+def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: Offsets,
                  say: Callable[[str], None], max_per_batch: int = 400, keys: dict | None = None):
     """Run the traced demo pipeline until it has read ``until``; returns (sink path, query).
 
@@ -147,7 +151,7 @@ def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[
         say(f"[{time.monotonic() - t0:5.1f}s] {text}")
 
     stack = Stack(home, say=lambda s: step(f"  {s}"))
-    step("starting the local stack (Kafka-protocol broker + Bolt graph server)")
+    step("starting the local stack (Apache Kafka + Bolt graph server)")
     started = [s.name for s in stack.status() if not s.running]
     stack.up()
     config = stack.config()
