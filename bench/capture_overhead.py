@@ -1,8 +1,10 @@
 """Capture overhead on the reference stream: the same queries traced and untraced, interleaved.
 
-The reference stream (``reference_queries``) is three queries over ``rate-micro-batch``
-sources of ``--rows-per-batch`` rows, one trigger every ``rows_per_batch / --offered``
-seconds (10,000 rows/s offered by default):
+The reference stream (``reference_query``) is three queries reading one Kafka topic of
+orders (JSON values, two partitions, produced before the runs into the bench's own Apache
+Kafka) through Spark's Kafka connector, ``--rows-per-batch`` records a batch
+(``maxOffsetsPerTrigger``, from the earliest offset: every run reads the same records), one
+trigger every ``rows_per_batch / --offered`` seconds (10,000 rows/s offered by default):
 
 - ``demo``: the demo pipeline's shape: orders as JSON text, parsed, filtered,
   converted, joined with a static customers table, projected, to Parquet;
@@ -68,20 +70,45 @@ def turn(modes: tuple, start: int) -> tuple:
     return modes[start:] + modes[:start]
 
 
-def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int):
+TOPIC = "bench-orders"
+PARTITIONS = 2  # as many tasks a batch as local[2] has cores
+EPOCH_MS = 1_767_225_600_000  # 2026-01-01: the first order's event time
+
+
+def produce_orders(config, count: int, offered: int) -> None:
+    """``count`` orders on ``TOPIC``, round robin over its partitions (so ``maxOffsetsPerTrigger`` cuts
+    batches of the same size every run), event times ``offered`` a second apart from ``EPOCH_MS``."""
+    import datetime
+
+    from headwater.adapters.kafka import ensure_topics, producer
+
+    ensure_topics(config, [TOPIC], PARTITIONS)
+    client = producer(config, linger_ms=50)
+    try:
+        for i in range(count):
+            at = datetime.datetime.fromtimestamp((EPOCH_MS + i * 1000 // offered) / 1000, datetime.timezone.utc)
+            value = json.dumps({"order_id": i, "customer_id": i % 45, "amount": float(i * 7 % 200),
+                                "event_time": at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]})
+            client.send(TOPIC, value=value.encode(), partition=i % PARTITIONS)
+            if i % 50_000 == 49_999:
+                client.flush(timeout=120)
+        client.flush(timeout=120)
+    finally:
+        client.close()
+
+
+def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int, bootstrap: str):
     """One query of the reference stream; plain PySpark, as a user writes it."""
     from pyspark.sql import functions as F
 
     from headwater.demo.pipeline import EUR_PER_USD, MIN_AMOUNT, ORDER_SCHEMA
 
-    def rate():
-        return spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows_per_batch).load()
+    def orders_topic():
+        return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", TOPIC).option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", rows_per_batch).load())
 
-    events = rate().select(F.to_json(F.struct(
-        F.col("value").alias("order_id"), (F.col("value") % 45).cast("int").alias("customer_id"),
-        ((F.col("value") * 7) % 200).cast("double").alias("amount"),
-        F.col("timestamp").cast("string").alias("event_time"),
-    )).alias("value"))
+    events = orders_topic().select(F.col("value").cast("string").alias("value"))
     orders = events.select(F.from_json("value", ORDER_SCHEMA).alias("o")).select("o.*") \
         .where(F.col("amount") >= MIN_AMOUNT).withColumn("amount_eur", F.round(F.col("amount") * EUR_PER_USD, 2)) \
         .join(spark.read.parquet(customers_path), "customer_id") \
@@ -92,8 +119,11 @@ def reference_query(spark, shape: str, customers_path: str, rows_per_batch: int)
         return orders.withWatermark("event_time", "2 seconds") \
             .groupBy(F.window("event_time", "5 seconds"), "region") \
             .agg(F.sum("amount_eur").alias("total_eur"), F.count("*").alias("orders")), "append"
-    payments = rate().where(F.col("value") % 2 == 0) \
-        .select(F.col("value").alias("paid_order_id"), F.col("timestamp").alias("paid_at")) \
+    paid = orders_topic().select(F.from_json(F.col("value").cast("string"), ORDER_SCHEMA).alias("p")).select("p.*")
+    payments = paid.where(F.col("order_id") % 2 == 0) \
+        .select(F.col("order_id").alias("paid_order_id"),
+                (F.col("event_time").cast("timestamp") + F.expr("interval 1 second") * (F.col("order_id") % 5))
+                .alias("paid_at")) \
         .withWatermark("paid_at", "5 seconds")
     joined = orders.withWatermark("event_time", "5 seconds").join(payments, F.expr(
         "order_id = paid_order_id AND paid_at BETWEEN event_time AND event_time + interval 10 seconds"))
@@ -139,7 +169,7 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
     tracer = attach(spark, config, capture="log-only" if mode == "log" else "full") if mode != "bare" else None
     once: dict[str, float] = {}
     try:
-        df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), rows)
+        df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), rows, config.bootstrap)
         source = df
         if mode == "log":
             source = tracer.trace(df, name=f"bench-{tag}", keys={"customers": "customer_id"})
@@ -213,6 +243,9 @@ def main(argv=None) -> None:
     seconds = dict.fromkeys(MODES, 0.0)
     once: dict[str, list[float]] = {"trace_ms": [], "optimized_plan_ms": []}
     with bench_stack("headwater-bench") as (home, config, spark):
+        count = max([args.rows_per_batch, *sizes]) * (args.warmup_batches + args.batches)
+        say(f"producing {count} orders to {TOPIC}")
+        produce_orders(config, count, args.offered)
         for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
             for shape in SHAPES:
                 for mode in turn(MODES, round_):
@@ -264,7 +297,7 @@ def main(argv=None) -> None:
     bare_over_off = by_round("bare")
     result = {
         "bench": "capture_overhead",
-        "stream": "reference: demo shape, 5 s windowed aggregation, stream-stream join (rate-micro-batch)",
+        "stream": "reference: demo shape, 5 s windowed aggregation, stream-stream join (format kafka)",
         "rows_per_batch": args.rows_per_batch,
         "offered_rows_per_s": args.offered,
         "batches_per_mode": len(pooled["on"]),

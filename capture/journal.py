@@ -302,7 +302,8 @@ def drain_env(config) -> dict[str, str]:
 
 
 def drain_until_idle(settings: DeliverySettings, topic: str, idle_s: float = 60.0, every_s: float = 0.5) -> bool:
-    """Drain the folder until it has held nothing for ``idle_s``; False at once if another drain
+    """Drain the folder until it has held nothing for ``idle_s``, or nothing it holds could be sent for
+    ``idle_s`` (the broker away or refusing: it stays, unsent); False at once if another drain
     process holds the folder's lock. For hosts where no tracer runs (``headwater drain``, started by
     an executor's journal filter or by hand). The lock is a POSIX record lock, as Java's
     ``FileChannel.tryLock`` takes it, so the executor's check and this agree."""
@@ -320,12 +321,17 @@ def drain_until_idle(settings: DeliverySettings, topic: str, idle_s: float = 60.
         lock.write(str(os.getpid()))
         lock.flush()
         drain = Drain(settings, topic)
-        idle_since = time.monotonic()
+        idle_since = moved = time.monotonic()
         try:
             while time.monotonic() - idle_since < idle_s:
-                if drain.pending():
+                waiting = drain.pending()
+                if waiting:
                     drain.flush(timeout_s=settings.send_timeout_s)
                     idle_since = time.monotonic()
+                    if drain.pending() < waiting:
+                        moved = idle_since
+                    elif idle_since - moved >= idle_s:  # nothing sent for that long: the broker refuses, or is away
+                        break
                 time.sleep(every_s)
         finally:
             drain.close()

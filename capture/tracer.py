@@ -638,8 +638,12 @@ class BatchHook:
         return stats
 
     def files(self, batch_id: int) -> dict:
-        """The files the batch added to the sink, read by the tracer's thread once the sink has
-        committed the batch; a failure to read its log costs the batch's log entry that list."""
+        """The files the batch added to the sink (read by the tracer's thread once the sink has
+        committed the batch; a failure to read its log costs the batch's log entry that list), or
+        where a Kafka sink's records of the batch went."""
+        offsets = self.sink.offsets(batch_id)
+        if offsets is not None:
+            return {"sink_offsets": offsets}
         try:
             files = self.sink.files(batch_id)
         except Exception:

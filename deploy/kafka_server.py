@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,10 +101,11 @@ class KafkaServer:
         (self.folder / "log4j2.properties").write_text(LOG4J)
         if (self.folder / "data" / "meta.properties").exists():
             return
+        # ``--cluster-id=ID`` in one argument: an id may begin with "-", which the tool would take for an option.
         cluster = self.cluster_id or self._cluster_id()
         users = [argument for mechanism, names in self.scram_users.items() for name, secret in names.items()
                  for argument in ("--add-scram", f"{mechanism}=[name={name},password={secret}]")]
-        done = subprocess.run(self._java(kafka_jars) + [STORAGE_TOOL, "format", "-t", cluster, "-c",
+        done = subprocess.run(self._java(kafka_jars) + [STORAGE_TOOL, "format", f"--cluster-id={cluster}", "-c",
                                                         str(self.config_path), "--ignore-formatted", *users],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               timeout=120)
@@ -112,6 +115,33 @@ class KafkaServer:
 
     def command(self, kafka_jars: Path) -> list[str]:
         return self._java(kafka_jars) + [MAIN_CLASS, str(self.config_path)]
+
+    def start(self, kafka_jars: Path, log_path: Path, wrapper: tuple[str, ...] = (),
+              timeout_s: float = 60.0) -> subprocess.Popen:
+        """Prepare the node and start it (``launch``); returned once it listens (``wait_started``)."""
+        proc = self.launch(kafka_jars, log_path, wrapper)
+        self.wait_started(proc, log_path, timeout_s)
+        return proc
+
+    def launch(self, kafka_jars: Path, log_path: Path, wrapper: tuple[str, ...] = ()) -> subprocess.Popen:
+        """Prepare the node and start its process, under ``wrapper`` (e.g. ``ip netns exec NAME``, which execs
+        it, so the process is Kafka's own), without waiting: a cluster's nodes listen only once a quorum of
+        them runs."""
+        self.prepare(kafka_jars)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen([*wrapper, *self.command(kafka_jars)], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_started(self, proc: subprocess.Popen, log_path: Path, timeout_s: float = 60.0) -> None:
+        """Until the node listens; ``RuntimeError`` with its log's tail if it exits or does not in ``timeout_s``
+        (then it is stopped)."""
+        if not wait_listening(self.host, self.port, time.monotonic() + timeout_s, proc):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-10:]
+            raise RuntimeError(f"Apache Kafka node {self.node_id} at {self.bootstrap} did not start: "
+                               + " | ".join(tail))
 
     def wipe(self) -> None:
         """Forget every record and offset: the node starts next as a new, empty broker."""
@@ -123,13 +153,29 @@ class KafkaServer:
                 "-cp", f"{kafka_jars}/*"]
 
     def _cluster_id(self) -> str:
-        """A KRaft cluster id (16 random bytes, base64url), kept so a wiped node rejoins as the same cluster."""
-        import base64
-
+        """This node's cluster id, kept so a wiped node rejoins as the same cluster."""
         path = self.folder / "cluster-id"
         if not path.exists():
-            path.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+            path.write_text(new_cluster_id())
         return path.read_text().strip()
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, base64url, as ``kafka-storage random-uuid`` prints."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def wait_listening(host: str, port: int, deadline: float, process: subprocess.Popen | None = None) -> bool:
+    """Until something listens on ``host:port``, the deadline passes, or ``process`` exits; whether it listens."""
+    while time.monotonic() < deadline and (process is None or process.poll() is None):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            if s.connect_ex((host, port)) == 0:
+                return True
+        time.sleep(0.1)
+    return False
 
 
 # Kafka's log: warnings and the start-up line, not every request (its INFO is a megabyte a minute under tests).

@@ -30,7 +30,7 @@ from typing import Callable
 
 from headwater.core.config import STACK_FILE, Config, at_home, load
 
-from .kafka_server import KafkaServer
+from .kafka_server import KafkaServer, wait_listening
 from .tools import KAFKA_VERSION
 
 # The store clients (neo4j, kafka) are imported where a part is checked, not here: the CLI reads the
@@ -90,15 +90,6 @@ def port_free(port: int) -> bool:
     return True
 
 
-def wait_listening(port: int, deadline: float, process: subprocess.Popen | None = None) -> None:
-    """Until something listens on ``port`` of 127.0.0.1, the deadline passes, or ``process`` exits."""
-    while time.monotonic() < deadline and (process is None or process.poll() is None):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            if s.connect_ex((HOST, port)) == 0:
-                return
-        time.sleep(0.1)
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
@@ -109,11 +100,17 @@ def _alive(pid: int | None, marker: str) -> bool:
     """Whether ``pid`` runs and is still our process (its command line holds ``marker``)."""
     if not pid:
         return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return marker in cmdline
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        # A process still in its exec (just started, on a busy machine) shows no command line yet.
+        if cmdline or state == "Z" or time.monotonic() > deadline:
+            return marker in cmdline
+        time.sleep(0.05)
 
 
 def broker_server(home: Path, ports: dict) -> KafkaServer:
@@ -271,7 +268,7 @@ class Stack:
                     [ports["bolt"], ports["graph_http"]])
         self._save(state)
         deadline = time.monotonic() + timeout_s
-        self._wait_healthy(config, timeout_s)
+        self._wait_healthy(config, ports["broker"], timeout_s)
         # The query service reads the config from the state just saved, and answers only once the stores do.
         try:
             started = self._start(parts, "query", lambda: query_command(self.home, ports["query"]), [ports["query"]])
@@ -322,14 +319,14 @@ class Stack:
                 raise StackError(f"query did not answer in time ({problem}); see {self.home / 'logs' / 'query.log'}")
             time.sleep(0.1)
 
-    def _wait_healthy(self, config: Config, timeout_s: float) -> None:
+    def _wait_healthy(self, config: Config, broker_port: int, timeout_s: float) -> None:
         from headwater.adapters.graph import GraphUnavailable, wait_ready
         from headwater.adapters.kafka import BrokerUnavailable, list_topics
 
         deadline = time.monotonic() + timeout_s
         try:
             # Kafka takes seconds to listen; a client asked meanwhile backs off for as long again.
-            wait_listening(int(config.bootstrap.rsplit(":", 1)[1]), deadline, self._started.get("broker"))
+            wait_listening(HOST, broker_port, deadline, self._started.get("broker"))
             list_topics(config.bootstrap, timeout_s=max(1.0, deadline - time.monotonic()))
             self.say("broker: answers")
             wait_ready(config, timeout_s=max(1.0, deadline - time.monotonic()))

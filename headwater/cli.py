@@ -221,6 +221,12 @@ def drain(ctx: click.Context, idle: float) -> None:
             waiting.append({**described, "folder": str(spill.folder), "files": files})
     if waiting:
         result["others_waiting"] = waiting  # lineage of other jobs: a drain with their settings sends it
+    left = Spill(settings.spill_dir, config.spill_max_bytes).waiting() if drained else 0
+    if left:
+        from headwater.adapters.kafka import diagnose
+
+        _fail(f"{left} file(s) of lineage wait unsent in {settings.spill_dir}, kept for the next drain: "
+              f"{diagnose(config)}", **result)
     _emit(result)
 
 

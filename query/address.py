@@ -41,11 +41,9 @@ def parse_source(text: str, tables: Tables | None = None) -> int:
             dataset, key = found
             return rids.table_rid(rids.dataset_table(dataset), key)
     if kind == "kafka":
-        topic, _, offset = rest.rpartition(":")
-        topic, _, partition = topic.rpartition(":")
-        partition, offset = _number(partition, 0, _INT), _number(offset, 0, _LONG)
-        if topic and partition is not None and offset is not None:
-            return rids.kafka_rid(topic, partition, offset)
+        place = kafka_place(text)
+        if place is not None:
+            return rids.kafka_rid(*place)
     elif kind == "table":
         name, _, key = rest.partition(":")
         if name and key:
@@ -65,6 +63,17 @@ def parse_source(text: str, tables: Tables | None = None) -> int:
         if query and batch is not None:
             return rids.state_rid(query, rids.FOREACH_BATCH_OP, batch)
     raise LineageError(f"{text!r}: expected {SOURCE_FORMS}")
+
+
+def kafka_place(text: str) -> tuple[str, int, int] | None:
+    """``kafka:TOPIC:PARTITION:OFFSET`` as ``(topic, partition, offset)``; None if ``text`` is not one."""
+    kind, _, rest = text.partition(":")
+    if kind != "kafka":
+        return None
+    topic, _, offset = rest.rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    partition, offset = _number(partition, 0, _INT), _number(offset, 0, _LONG)
+    return (topic, partition, offset) if topic and partition is not None and offset is not None else None
 
 
 def checked_source(text: str) -> str:

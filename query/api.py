@@ -29,13 +29,16 @@ rows derived from it (``forward_fallback.py``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import datetime, timezone
 
+from kafka.errors import KafkaError
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 
 from headwater.adapters.graph import GraphUnavailable
+from headwater.adapters.kafka import BrokerUnavailable, KafkaSourceError, record_at
 from headwater.core import config as configuration
 from headwater.core import rid as rids
 from headwater.core import signing
@@ -43,7 +46,7 @@ from headwater.core.config import Config
 from headwater.core.offsets import offset_ranges
 from headwater.core.plan import accumulates, location_key
 
-from .address import parse_source
+from .address import kafka_place, parse_source
 from .backend import (Answer, Gap, Lineage, LineageError, Question, UnknownRow, WalkingBackend, check_depth,
                       lineage_of, ordered)
 from .cypher import CypherBackend
@@ -53,7 +56,8 @@ from .fallback import Fallback
 from .forward_fallback import Forward
 from .narrow.narrower import Narrower
 from .parquet import CSProvBackend, RecursiveBackend
-from .payload import SINK_FORMATS, attach_payload, check_broker, sink_files, sink_row, table_location
+from .payload import SINK_FORMATS, attach_payload, check_broker, kafka_record, sink_files, sink_row, table_location
+from .sink_records import Placements, carried_rid
 from .walk import KINDS, MAX_REACH, is_target
 
 # cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
@@ -138,6 +142,7 @@ class LineageClient:
         self._explainer: Explainer | None = None
         self._narrower: Narrower | None = None
         self._broker_answered = float("-inf")  # when the broker last answered (monotonic)
+        self._placements = Placements(config)  # where Kafka sinks' output rows went
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -204,9 +209,54 @@ class LineageClient:
             held = self._tables = (time.monotonic(), Tables(described))
         return held[1]
 
-    def rid_of(self, row: int | str) -> int:
-        """The rid of ``row``: a rid as it is, or an address (``kafka:orders:0:17``, ``table:customers:7`` …)."""
-        return parse_source(row, self.tables()) if isinstance(row, str) else row
+    def rid_of(self, row: int | str, made: bool = False) -> int:
+        """The rid of ``row``: a rid as it is, or an address (``kafka:orders:0:17``, ``table:customers:7`` …).
+        ``made``: asked about as a row a query made (backward), a record of a traced query's Kafka sink
+        (``kafka:TOPIC:PARTITION:OFFSET`` of the sink's topic) is the output row whose rid it carries (read from the
+        broker); else it is the record another query may read."""
+        if not isinstance(row, str):
+            return row
+        rid = parse_source(row, self.tables())
+        place = kafka_place(row) if made else None
+        if place is not None and self.explainer().query_of(f"kafka:{place[0]}") is not None:
+            return self._sink_record_rid(*place)
+        return rid
+
+    def _sink_record_rid(self, topic: str, partition: int, offset: int) -> int:
+        try:
+            record = record_at(self.config, topic, partition, offset)
+        except (KafkaSourceError, BrokerUnavailable) as exc:
+            raise LineageError(f"kafka:{topic}:{partition}:{offset}, a record of a traced query's sink, cannot be "
+                               f"read: {exc}") from None
+        rid = carried_rid(record)
+        if rid is None:
+            raise LineageError(f"kafka:{topic}:{partition}:{offset} carries no _hw_rid (a header, or its JSON "
+                               f"value's): not written by a traced query")
+        return rid
+
+    def placed_in_kafka(self, found: list[Lineage]) -> None:
+        """Each output row of a query with a Kafka sink, given the record it went to (``topic``, ``partition``,
+        ``offset``: its address ``kafka:TOPIC:PARTITION:OFFSET``), from the batch log's ``sink_offsets`` and the
+        broker (``sink_records``); a row whose record cannot be read is left as it is."""
+        explainer = self.explainer()
+        datasets = {item.dataset for item in found if item.kind == "output" and item.topic is None}
+        to_kafka = {d for d in datasets if (explainer.sink_of(d) or "").startswith("kafka:")}
+        outputs = [item for item in found if item.kind == "output" and item.topic is None and item.dataset in to_kafka]
+        if not outputs:
+            return
+        with self._inferring:
+            log = self._fallbacks()[0].log.refresh()
+            try:
+                for item in outputs:
+                    query = explainer.query_of(item.dataset)
+                    for batch in item.batches:
+                        offsets = (log.batch(query, batch) or {}).get("sink_offsets")
+                        places = self._placements.of(query, batch, offsets).get(item.rid) if offsets else None
+                        if places:
+                            item.topic, item.partition, item.offset = places[0]
+                            break
+            except (KafkaError, BrokerUnavailable, OSError) as exc:
+                logging.getLogger(__name__).warning("the Kafka sink's records cannot be read: %s", exc)
 
     def explainer(self) -> Explainer:
         """The kept plans, named (``explain.Explainer``): what answers' ``operators`` and ``columns`` come from."""
@@ -262,6 +312,7 @@ class LineageClient:
         ``payload=True`` does). ``LineageError`` within seconds if Kafka records are wanted and the broker
         does not answer."""
         backend = backend or self._backend(self.names[0])
+        self.placed_in_kafka(found)
         if any(item.topic is not None for item in found) and \
                 time.monotonic() - self._broker_answered > BROKER_TTL_S:
             check_broker(self.config)
@@ -289,8 +340,12 @@ class LineageClient:
         return found
 
     def _sink_payload(self, item: Lineage) -> None:
-        """An output row's row, read from its query's file sink: only the files its batches wrote."""
+        """An output row's row, read from its query's file sink (only the files its batches wrote), or its
+        record in its Kafka sink."""
         sink = self.explainer().sink_of(item.dataset)
+        if item.topic is not None:
+            item.payload = kafka_record(self.config, item.topic, item.partition, item.offset)
+            return
         if sink is None or sink.partition(":")[0] not in SINK_FORMATS:
             item.payload = {"error": f"the rows of {item.dataset} cannot be read here: its sink is "
                                      f"{sink or 'not in a kept plan'}, not a file sink "
@@ -328,9 +383,10 @@ class LineageClient:
         return self._two_ways(rid, to, via, depth, payload, since, until, first_backward=True)
 
     def _one_way(self, row, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
-        rid = self.rid_of(row)
+        rid = self.rid_of(row, made=backward)
         answer, asked = self._asked_one_way(row, rid, self.target(to), depth, payload, cols, paths, since, until,
                                             backward)
+        self.placed_in_kafka(answer.records)
         self._explain(answer, asked, backward)
         return self._shown(answer)
 
@@ -451,7 +507,7 @@ class LineageClient:
             return self._fallback, self._forward
 
     def _two_ways(self, row, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
-        rid = self.rid_of(row)
+        rid = self.rid_of(row, made=first_backward)
         to, via = self.target(to), self.target(via, "via")
         check_depth(depth)
         window = Window(since, until)

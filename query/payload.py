@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kafka.errors import KafkaError
 
-from headwater.adapters.kafka import Kafka, KafkaSourceError, config_of, consumer, record_at
+from headwater.adapters.kafka import BrokerUnavailable, Kafka, KafkaSourceError, config_of, consumer, record_at
 from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version, uri_path
 from headwater.adapters.table_files.listing import data_files
 from headwater.core import rid as rids
@@ -127,10 +127,11 @@ def check_broker(kafka: Kafka, timeout_s: float = BROKER_TIMEOUT_S) -> None:
     try:
         client = consumer(config, bootstrap_timeout_ms=int(timeout_s * 1000), request_timeout_ms=int(timeout_s * 1000))
         client.topics()
-    except (KafkaError, OSError) as exc:
+    except (KafkaError, OSError, BrokerUnavailable) as exc:
+        why = str(exc).partition(": ")[2] if isinstance(exc, BrokerUnavailable) else type(exc).__name__
         raise LineageError(f"the Kafka broker at {config.bootstrap} did not answer within "
-                           f"{time.monotonic() - started:.1f} s ({type(exc).__name__}), so Kafka records' payloads "
-                           f"cannot be read: is it up? Ask again without payload for the lineage alone") from None
+                           f"{time.monotonic() - started:.1f} s ({why}), so Kafka records' payloads "
+                           f"cannot be read. Ask again without payload for the lineage alone") from None
     finally:
         if client is not None:
             client.close()

@@ -6,14 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from headwater.adapters.kafka import list_topics
 from headwater.deploy.kafka_server import KafkaServer
-from headwater.deploy.stack import Stack, free_port, wait_listening
+from headwater.deploy.stack import Stack, free_port
 
 
 @pytest.fixture(scope="session")
@@ -123,6 +124,27 @@ def records_read(query) -> dict[tuple[str, int, int], int]:
     return read
 
 
+def stored_edges(config) -> Counter:
+    """Every committed edge in every shard of the store, counted."""
+    from headwater.indexer.store import EdgeStore
+
+    found: Counter = Counter()
+    for shard in sorted((Path(config.store_dir) / config.edges_topic).glob("partition=*")):
+        table = EdgeStore(shard).read()
+        found.update(zip(table["src"].to_pylist(), table["dst"].to_pylist(), table["query"].to_pylist()))
+    return found
+
+
+def graph_edge_counts(config, queries: list[str]) -> Counter:
+    """Every DERIVED relationship of ``queries`` in the graph, counted."""
+    from headwater.adapters.graph import driver
+
+    with driver(config) as d, d.session(database=config.graph_database) as s:
+        result = s.run("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE e.query IN $queries "
+                       "RETURN a.rid AS src, b.rid AS dst, e.query AS query", queries=queries)
+        return Counter((r["src"], r["dst"], r["query"]) for r in result)
+
+
 def wait_batches(query, count: int, timeout_s: float = 120) -> None:
     """Wait until ``query`` has run ``count`` batches that read rows."""
     import time
@@ -204,16 +226,16 @@ class Broker:
         from headwater.deploy.tools import kafka
 
         self.server = KafkaServer(folder, free_port(), free_port())
-        self.port, self.logfile, self.proc, self.jars = self.server.port, logfile, None, kafka()
+        self.logfile, self.proc, self.jars = logfile, None, kafka()
+
+    @property
+    def port(self) -> int:
+        return self.server.port
 
     def start(self, empty: bool = False) -> None:
         if empty:
             self.server.wipe()
-        self.server.prepare(self.jars)
-        with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(self.server.command(self.jars), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_listening(self.port, time.monotonic() + 60, self.proc)
+        self.proc = self.server.start(self.jars, self.logfile)
         list_topics(self.server.bootstrap, timeout_s=60)
 
     def kill(self) -> None:

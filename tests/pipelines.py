@@ -456,8 +456,8 @@ def event_env(spark, stack_config, workdir: Path, prefix: str, count: int, seed:
     config, tag = own_topics(stack_config, prefix)
     topic = f"{prefix}-events-{tag}"
     ensure_topics(config.bootstrap, [topic], 2)
-    values = events(count, seed)
-    coordinates = demo_data.produce(config.bootstrap, topic, [(None, v) for v in values])
+    values = events(count, seed)  # an even split, so that maxOffsetsPerTrigger cuts the same batches every run
+    coordinates = demo_data.produce(config.bootstrap, topic, [(None, v) for v in values], partitions=2)
     pq.write_table(pa.Table.from_pylist(dims()), workdir / "dims.parquet")
     tracer = attach(spark, config)
     yield SimpleNamespace(config=config, topic=topic, values=values, coordinates=coordinates, workdir=workdir,

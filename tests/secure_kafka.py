@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import time
 from pathlib import Path
 
 from headwater.core.config import Config
 from headwater.deploy.kafka_server import KafkaServer, java
-from headwater.deploy.stack import free_port, wait_listening
+from headwater.deploy.stack import free_port
 from headwater.deploy.tools import kafka
 
 from .conftest import stop_process
@@ -90,12 +89,7 @@ class SecureKafka:
         return self.server.bootstrap
 
     def start(self) -> None:
-        self.server.prepare(self.jars)
-        with open(self.folder / "broker.log", "ab") as log:
-            self.proc = subprocess.Popen(self.server.command(self.jars), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_listening(self.server.port, time.monotonic() + 60, self.proc)
-        assert self.proc.poll() is None, (self.folder / "broker.log").read_text()[-3000:]
+        self.proc = self.server.start(self.jars, self.folder / "broker.log")
 
     def stop(self) -> None:
         stop_process(self.proc)

@@ -19,11 +19,10 @@ import pytest
 from kafka import KafkaConsumer
 
 from bench.workload import lineage_messages
-from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import encode_lineage
 from headwater.indexer.service import FAULT_PAUSE_ENV
-from tests.conftest import own_topics
+from tests.conftest import graph_edge_counts, own_topics, stored_edges
 
 pytestmark = pytest.mark.stack
 
@@ -50,17 +49,6 @@ def wait_for(log: Path, text: str, proc: subprocess.Popen, timeout_s: float = 90
         time.sleep(0.1)
 
 
-def stored_edges(config) -> Counter:
-    """Every committed edge in every shard of the store, counted."""
-    from headwater.indexer.store import EdgeStore
-
-    found: Counter = Counter()
-    for shard in sorted((Path(config.store_dir) / config.edges_topic).glob("partition=*")):
-        table = EdgeStore(shard).read()
-        found.update(zip(table["src"].to_pylist(), table["dst"].to_pylist(), table["query"].to_pylist()))
-    return found
-
-
 def check_set_index(config) -> None:
     """Each shard recorded every row of its edges exactly once, at its first sight (the rid → set index)."""
     from headwater.indexer.store import EdgeStore
@@ -72,13 +60,6 @@ def check_set_index(config) -> None:
         assert len(recorded) == len(set(recorded)), f"{shard.name}: rows recorded twice"
         assert set(recorded) == set(edges["src"].to_pylist()) | set(edges["dst"].to_pylist()), \
             f"{shard.name}: rows of the edges missing from the rid → set index"
-
-
-def graph_edges(config, queries: list[str]) -> Counter:
-    with driver(config) as d, d.session(database=config.graph_database) as s:
-        result = s.run("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE e.query IN $queries "
-                       "RETURN a.rid AS src, b.rid AS dst, e.query AS query", queries=queries)
-        return Counter((r["src"], r["dst"], r["query"]) for r in result)
 
 
 def test_kill_9_five_times_while_edges_stream_in_loses_and_repeats_nothing(stack, stack_config, tmp_path):
@@ -162,7 +143,7 @@ def test_kill_9_five_times_while_edges_stream_in_loses_and_repeats_nothing(stack
 
     assert stored_edges(config) == produced, "the Parquet store lost or repeated edges"
     check_set_index(config)
-    assert graph_edges(config, queries) == produced, "the graph lost or repeated edges"
+    assert graph_edge_counts(config, queries) == produced, "the graph lost or repeated edges"
     text = log_path.read_text()
     assert text.count("resuming at offset") >= KILLS  # each restart resumed from the store
     assert all(o["retries"] == 0 for o in outputs)

@@ -162,3 +162,61 @@ def test_each_refusal_is_one_json_line_naming_the_setting(secure, stack_config, 
     assert all(words in error for words in said), error
     for password in secure.passwords.values():
         assert password not in done.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.stack
+def test_lineage_spilled_under_a_wrong_password_is_sent_whole_once_it_is_right(spark, stack_config, secure, tmp_path):
+    """The password in capture's password file goes wrong under a running tracer (before it first sends): the
+    stream runs on, its lineage waits in the spill folder; ``headwater drain`` with the wrong password says
+    so in one JSON line naming the setting and sends nothing; with the right one, it sends everything, and the
+    lineage is exactly the oracle's."""
+    from headwater.capture.delivery import DeliverySettings, Spill
+
+    password_file = tmp_path / "password"
+    password_file.write_text(secure.passwords["headwater"] + "\n")
+    password_file.chmod(0o600)
+    config, tag = own_config(secure, stack_config, tmp_path, password_file=password_file)
+    config = config.with_overrides(send_timeout_s=3.0, breaker_cooldown_s=2.0)
+    topic = f"{PREFIX}{tag}.events"
+    ensure_topics(config, [topic], 2)
+    events = [(str(i).encode(), json.dumps({"id": i, "v": i * 7 % 10}).encode()) for i in range(EVENTS)]
+    placed = demo_data.produce(config, topic, events, partitions=2)
+    where = {i: (topic, p, o) for i, (p, o) in enumerate(placed)}
+
+    tracer = attach(spark, config)  # its topics made with the right password
+    password_file.write_text("not-the-password\n")
+    try:
+        source = (spark.readStream.format("kafka").options(**secure.spark_options())
+                  .option("subscribe", topic).option("startingOffsets", "earliest")
+                  .option("maxOffsetsPerTrigger", 25).load())
+        df = source.select(F.from_json(F.col("value").cast("string"), "id long, v int").alias("e")).select("e.*")
+        sink = str(tmp_path / "sink")
+        query = (tracer.trace(df, name=f"pw-{tag}").writeStream.format("parquet")
+                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="500 milliseconds")
+                 .start(sink))
+        run_until(query, end_offsets(topic, placed), say=print)
+    finally:
+        tracer.close()
+    spill = Spill(DeliverySettings.of(config).spill_dir, config.spill_max_bytes)
+    waiting = spill.waiting()
+    assert waiting, "nothing waited in the spill folder: the wrong password was not in force"
+
+    refused = cli(environment(config), "drain", "--idle", "2", timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "", (refused.stdout, refused.stderr)
+    [line] = refused.stderr.splitlines()
+    error = json.loads(line)["error"]
+    assert "refused the SASL login" in error and "kafka_sasl_password_file" in error, error
+    assert str(spill.folder) in error and spill.waiting() == waiting  # nothing sent, nothing lost
+    assert secure.passwords["headwater"] not in refused.stderr
+
+    password_file.write_text(secure.passwords["headwater"] + "\n")
+    sent = cli(environment(config), "drain", "--idle", "2", timeout=180)
+    assert sent.returncode == 0, sent.stderr
+    assert spill.waiting() == 0
+    index(config)
+    rows = spark.read.parquet(sink).collect()
+    assert sorted(r.id for r in rows) == list(range(EVENTS))
+    with LineageClient(config) as client:
+        for row in rows:
+            assert {as_input(x) for x in client.backward(row._hw_rid)} == {("kafka", *where[row.id])}, row.id

@@ -361,3 +361,87 @@ def test_streaming_writer_sinks_commit_with_the_batch_id(spark, env, expected, t
     assert (roots[False] / "commits").read_text().split() == ["0", "1", "2"]
     assert (roots[True] / "commits").read_text().split() == ["0", "1", "1", "2"]
     same_rows(rows[True], rows[False], expected)
+
+
+def kafka_rows(spark, env):
+    """The stream as Kafka records: the id as key, the row as a JSON value."""
+    return stream(spark, env).select(F.col("id").cast("string").alias("key"),
+                                     F.to_json(F.struct(*COLUMNS)).alias("value"))
+
+
+def run_rerunning_the_last_batch(start, checkpoint: Path, env) -> None:
+    """Run the query to the end, then as if its driver died between the last batch's write and Spark's commit:
+    that commit taken out of the checkpoint, the query started again, and Spark runs the batch a second time."""
+    run(start, checkpoint, env)
+    commits = Path(checkpoint, "commits")
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        (commits / name).unlink(missing_ok=True)
+    run(start, checkpoint, env)
+
+
+@pytest.mark.parametrize("place", ["header", "value"])
+def test_kafka_sink_after_a_rerun_batch_has_the_untraced_records_each_with_its_rid(spark, env, expected, tmp_path,
+                                                                                  place):
+    """Spark's own Kafka sink, at least once: the same records and the same duplicates as untraced; each
+    traced record carries its rid where ``headwater.rid`` says; forward lineage names each output row's
+    record (``kafka:TOPIC:PARTITION:OFFSET``), and backward from such a record finds its inputs."""
+    from headwater.adapters.kafka import ensure_topics
+    from headwater.query.sink_records import carried_rid
+
+    from .conftest import topic_records
+
+    tag = uuid.uuid4().hex[:6]
+    topics = {traced: f"snk-out-{'traced' if traced else 'untraced'}-{place}-{tag}" for traced in (False, True)}
+    ensure_topics(env.config, list(topics.values()), 2)
+
+    def to_kafka(rows, traced: bool):
+        return (rows.writeStream.format("kafka").option("kafka.bootstrap.servers", env.config.bootstrap)
+                .option("topic", topics[traced]))
+
+    name = f"kafka-{place}-{tag}"
+    run_rerunning_the_last_batch(lambda cp: to_kafka(kafka_rows(spark, env), False).option("checkpointLocation", cp)
+                                 .start(), tmp_path / "cp-untraced", env)
+    run_rerunning_the_last_batch(
+        lambda cp: to_kafka(env.tracer.trace(kafka_rows(spark, env), name=name, keys={"dims": "k"}), True)
+        .option("headwater.rid", place).option("checkpointLocation", cp).start(), tmp_path / "cp-traced", env)
+
+    def content(record, traced: bool) -> tuple:
+        value = json.loads(record.value)
+        if place == "value" and traced:
+            assert next(iter(value)) == "_hw_rid"  # first in the value, as the docs say
+            value.pop("_hw_rid")
+        headers = [(k, v) for k, v in record.headers or [] if k != "_hw_rid"]
+        return record.key, tuple(sorted(value.items())), tuple(headers)
+
+    records = {traced: topic_records(env.config, topics[traced]) for traced in (False, True)}
+    counted = {traced: Counter(content(r, traced) for r in found) for traced, found in records.items()}
+    assert counted[True] == counted[False]  # the same records, the same duplicates
+    assert sorted({json.loads(r.value)["id"] for r in records[False]}) == sorted(expected)
+    assert 2 in counted[False].values()  # the batch Spark ran again was written twice, untraced as traced
+    where: dict[int, set] = {}
+    for record in records[True]:
+        rid = carried_rid(record)
+        assert rid is not None and (place == "header") == any(k == "_hw_rid" for k, _ in record.headers or [])
+        where.setdefault(rid, set()).add((record.topic, record.partition, record.offset))
+    assert len(where) == len(expected)  # a rid a row, its duplicate the same rid
+
+    index(env.config)
+    read = {pipelines.parse(v)["id"]: c for v, c in zip(env.values, env.coordinates)}
+    with LineageClient(env.config) as client:
+        for rid, places in where.items():
+            topic, partition, offset = sorted(places)[0]
+            row = json.loads(next(r.value for r in records[True] if r.offset == offset and r.partition == partition))
+            want = {("kafka", env.topic, *read[row["id"]])}
+            if row["k"] in pipelines.DIM_KEYS:
+                want.add(("table", "dims", str(row["k"])))
+            back = client.backward(f"kafka:{topic}:{partition}:{offset}")
+            assert {as_input(x) for x in back} == want and all(x.exact for x in back), row["id"]
+            outputs = [x for x in client.forward(f"kafka:{env.topic}:{read[row['id']][0]}:{read[row['id']][1]}")
+                       if x.kind == "output" and x.dataset == name]  # other tests' queries read the topic too
+            assert [x.rid for x in outputs] == [rid]
+            assert (outputs[0].topic, outputs[0].partition, outputs[0].offset) in places, row["id"]
+        shown = client.forward(f"kafka:{env.topic}:{read[min(expected)][0]}:{read[min(expected)][1]}", payload=True)
+        [output] = [x for x in shown if x.kind == "output" and x.dataset == name]
+        value = output.payload["value"]
+        assert (json.loads(value) if isinstance(value, (str, bytes)) else value)["id"] == min(expected)

@@ -58,6 +58,8 @@ class SinkSpec:
             return self.format
         if self.format == MEMORY:
             return f"memory:{option(self.options, 'queryName') or ''}"
+        if (self.format or "").lower() == "kafka":  # its topic; a topic named by each row, none
+            return f"kafka:{option(self.options, 'topic') or ''}"
         return f"{self.format}:{self.path or ''}"
 
 
@@ -91,6 +93,10 @@ class Sink:
 
     def files(self, batch_id: int) -> list[str] | None:
         """The files the batch added to the sink, for sinks of files; None for others."""
+        return None
+
+    def offsets(self, batch_id: int) -> dict | None:
+        """Where the batch's records went, for Kafka: ``{topic: {partition: [first, end)}}``; None for others."""
         return None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -113,6 +114,7 @@ class StreamingWriteSink(Sink):
 def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: list[str] | None,
                cluster_by: list[str] | None, output_mode: str, schema: StructType) -> Sink:
     """The sink ``DataStreamWriter`` would start for the format ``source``, with these options."""
+    from . import kafka_sink
     jvm = spark._jvm
     jspark = spark._jsparkSession
     conf = jspark.sessionState().conf()
@@ -121,11 +123,15 @@ def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: li
         cls = datasources.DataSource.lookupDataSource(source, conf)
     except Exception as exc:
         raise SinkError(f"no data source {source!r} to write the traced query to: {message(exc)}") from exc
-    table = _streaming_table(spark, cls, source, options, schema)
+    kafka = source.lower() == kafka_sink.KAFKA
+    given = kafka_sink.connector_options(options) if kafka else options
+    table = _streaming_table(spark, cls, source, given, schema)
     if table is not None:
         relation = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation.create(
-            table, jvm.scala.Option.empty(), jvm.scala.Option.empty(), case_insensitive(jvm, options),
+            table, jvm.scala.Option.empty(), jvm.scala.Option.empty(), case_insensitive(jvm, given),
             jvm.scala.Option.empty())
+        if kafka:
+            return kafka_sink.KafkaSink(spark, relation, options, output_mode, kafka_sink.rid_place(options))
         return StreamingWriteSink(spark, relation, options, output_mode)
     scala = Jvm(spark)
     clustering = datasources.DataSourceUtils.CLUSTERING_COLUMNS_KEY()
@@ -174,12 +180,22 @@ def _streaming_table(spark: SparkSession, cls, source: str, options: dict, schem
         provider.setShortName(source)
     v2 = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Utils
     session = {k: v for k, v in Jvm.mapping(v2.extractSessionConfigs(provider, conf)).items() if option(options, k) is None}
-    given = jvm.scala.Some(java_schema(spark, schema)) if provider.supportsExternalMetadata() else jvm.scala.Option.empty()
+    given = jvm.scala.Some(java_schema(spark, schema)) if _supports_external_metadata(provider) \
+        else jvm.scala.Option.empty()
     try:
         table = v2.getTableFromProvider(provider, case_insensitive(jvm, {**session, **options}), given)
     except Exception as exc:
         raise SinkError(f"the traced query cannot write to {source!r}: {message(exc)}") from exc
     return table if supports_streaming_write(jvm, table) else None
+
+
+def _supports_external_metadata(provider) -> bool:
+    """``TableProvider.supportsExternalMetadata``; py4j does not find the interface's default (false) on a
+    provider that keeps it, as Kafka's does."""
+    try:
+        return bool(provider.supportsExternalMetadata())
+    except Py4JError:
+        return False
 
 
 def supports_streaming_write(jvm, table) -> bool:

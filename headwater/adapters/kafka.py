@@ -219,3 +219,25 @@ def record_at(kafka: Kafka, topic: str, partition: int, offset: int, timeout_s: 
         raise RecordGone(f"no record came back from {topic}:{partition} at offset {offset} within {timeout_s:g}s")
     finally:
         client.close()
+
+
+def records_between(kafka: Kafka, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 10.0):
+    """Every record the broker still holds in each ``(topic, partition) → [first, end)`` of ``ranges``, partition by
+    partition, in offset order; a range the broker no longer holds (all or part) gives what is left of it."""
+    config = config_of(kafka)
+    client = consumer(config)
+    try:
+        for (topic, partition), (first, end) in sorted(ranges.items()):
+            tp = TopicPartition(topic, partition)
+            if not client.partitions_for_topic(topic) or partition not in client.partitions_for_topic(topic):
+                continue
+            client.assign([tp])
+            client.seek(tp, max(first, client.beginning_offsets([tp])[tp]))
+            end = min(end, client.end_offsets([tp])[tp])
+            deadline = time.monotonic() + timeout_s
+            while client.position(tp) < end and time.monotonic() < deadline:
+                for record in client.poll(timeout_ms=300, update_offsets=True).get(tp, []):
+                    if record.offset < end:
+                        yield record
+    finally:
+        client.close()

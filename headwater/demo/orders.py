@@ -43,13 +43,17 @@ def order_events(count: int, seed: int = 7, malformed_every: int = 0) -> list[tu
     return events
 
 
-def produce(bootstrap: str, topic: str, events: list[tuple[bytes, bytes]]) -> list[tuple[int, int]]:
-    """Send ``events`` in order; returns where each landed, as (partition, offset)."""
+def produce(bootstrap: str, topic: str, events: list[tuple[bytes, bytes]],
+            partitions: int | None = None) -> list[tuple[int, int]]:
+    """Send ``events`` in order; returns where each landed, as (partition, offset). With
+    ``partitions``, event i goes to partition i mod partitions (a split that does not vary
+    from run to run); else the producer's partitioner places it."""
     from headwater.adapters.kafka import producer
 
     client = producer(bootstrap)
     try:
-        futures = [client.send(topic, key=key, value=value) for key, value in events]
+        futures = [client.send(topic, key=key, value=value, partition=None if partitions is None else i % partitions)
+                   for i, (key, value) in enumerate(events)]
         client.flush(timeout=60)
         return [(meta.partition, meta.offset) for meta in (f.get(timeout=10) for f in futures)]
     finally:
