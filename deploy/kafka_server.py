@@ -90,6 +90,12 @@ class KafkaServer:
             "transaction.state.log.replication.factor": str(replicated),
             "transaction.state.log.min.isr": str(min(2, replicated)),
             "group.initial.rebalance.delay.ms": "0",
+            # Records are kept whatever their age: a record's own timestamp (a replay of last month's events, a
+            # test's fixed event times) would otherwise put it past the default 7 days at once, and Kafka drops
+            # such a segment once the next record rolls it, so lineage's payloads and the log-only fallback,
+            # which read records back, found them gone. (A cluster of users' sets its own retention; what it
+            # has dropped is a clear RecordGone there.)
+            "log.retention.ms": "-1",
             "log.retention.check.interval.ms": "30000",
             **self.properties,
         }

@@ -321,42 +321,15 @@ def static_source(relation: Relation, kept: dict) -> dict:
 
 
 def _kafka(config: Config, sources: list[dict]) -> pd.DataFrame:
-    """The records of the batch's offset ranges (``start`` to ``end``, per ``topic:partition``)."""
-    from kafka import TopicPartition
+    """The records of the batch's offset ranges (``start`` to ``end``, per ``topic:partition``), all of them."""
+    from headwater.adapters.kafka import RecordGone, records_between
 
-    from headwater.adapters.kafka import consumer as kafka_consumer
-
-    ranges = {TopicPartition(topic, partition): span for (topic, partition), span in offset_ranges(sources).items()}
-    rows: list[tuple] = []
-    if not ranges:
-        return pd.DataFrame(columns=KAFKA_COLUMNS)
-    consumer = kafka_consumer(config)
     try:
-        gone = {tp: first for tp, first in consumer.beginning_offsets(list(ranges)).items() if first > ranges[tp][0]}
-        if gone:  # a seek there would silently skip to what is left: rows lost, not a superset
-            raise LineageError("the batch's Kafka records are no longer retained: " + ", ".join(
-                f"{tp.topic}:{tp.partition} starts at {first}, the batch read from {ranges[tp][0]}"
-                for tp, first in sorted(gone.items())))
-        consumer.assign(list(ranges))
-        for tp, (start, _) in ranges.items():
-            consumer.seek(tp, start)
-        left = dict(ranges)
-        deadline = time.monotonic() + FETCH_TIMEOUT_S
-        while left:
-            if time.monotonic() > deadline:
-                raise LineageError(f"the batch's Kafka records were not all read back in {FETCH_TIMEOUT_S}s "
-                                   f"(retention may have removed them): {sorted(str(t) for t in left)}")
-            for tp, messages in consumer.poll(timeout_ms=500).items():
-                for m in messages:
-                    if tp in left and m.offset < left[tp][1]:
-                        rows.append((m.key, m.value, m.topic, m.partition, m.offset,
-                                     datetime.datetime.fromtimestamp(m.timestamp / 1000, datetime.timezone.utc),
-                                     m.timestamp_type))
-                if tp in left and consumer.position(tp) >= left[tp][1]:
-                    del left[tp]
-                    consumer.pause(tp)
-    finally:
-        consumer.close()
+        rows = [(m.key, m.value, m.topic, m.partition, m.offset,
+                 datetime.datetime.fromtimestamp(m.timestamp / 1000, datetime.timezone.utc), m.timestamp_type)
+                for m in records_between(config, offset_ranges(sources), FETCH_TIMEOUT_S, whole=True)]
+    except RecordGone as exc:
+        raise LineageError(f"the batch's Kafka records cannot be read back: {exc}") from None
     return pd.DataFrame(rows, columns=KAFKA_COLUMNS)
 
 

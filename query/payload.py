@@ -128,7 +128,7 @@ def check_broker(kafka: Kafka, timeout_s: float = BROKER_TIMEOUT_S) -> None:
         client = consumer(config, bootstrap_timeout_ms=int(timeout_s * 1000), request_timeout_ms=int(timeout_s * 1000))
         client.topics()
     except (KafkaError, OSError, BrokerUnavailable) as exc:
-        why = str(exc).partition(": ")[2] if isinstance(exc, BrokerUnavailable) else type(exc).__name__
+        why = exc.reason if isinstance(exc, BrokerUnavailable) else type(exc).__name__
         raise LineageError(f"the Kafka broker at {config.bootstrap} did not answer within "
                            f"{time.monotonic() - started:.1f} s ({why}), so Kafka records' payloads "
                            f"cannot be read. Ask again without payload for the lineage alone") from None

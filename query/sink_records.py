@@ -62,6 +62,8 @@ class Placements:
             rid = carried_rid(record)
             if rid is not None:
                 found.setdefault(rid, []).append((record.topic, record.partition, record.offset))
+        for places in found.values():
+            places.sort()
         self._batches[key] = found
         while len(self._batches) > CACHED:
             self._batches.popitem(last=False)

@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import urllib.request
 import uuid
 
 import pytest
@@ -28,7 +29,7 @@ from headwater.demo.run import end_offsets, run_until
 from headwater.query import fallback
 from headwater.query.api import LineageClient
 
-from .conftest import index, read_log, topic_records
+from .conftest import index, read_log, stop_process, topic_records
 from .oracle import as_input
 from .secure_kafka import SecureKafka
 
@@ -74,6 +75,26 @@ def decoded(value):
 def cli(env: dict, *arguments: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "headwater.cli", *arguments], env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def served_payload(env: dict, tmp_path, rid: int) -> dict:
+    """The backward answer with payload of ``rid`` from ``headwater serve`` (a process of its own, ``env``'s
+    settings), and what it logged (``log``)."""
+    token = tmp_path / "http.token"
+    token.write_text(uuid.uuid4().hex)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as err:
+        process = subprocess.Popen([sys.executable, "-m", "headwater.cli", "serve", "--port", "0", "--token-file",
+                                    str(token)], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        url = json.loads(process.stdout.readline())["serving"]
+        request = urllib.request.Request(f"{url}/v1/lineage/backward?rid={rid}&payload=true",
+                                         headers={"Authorization": f"Bearer {token.read_text()}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.loads(response.read())
+    finally:
+        stop_process(process)
+    return {**answer, "log": log.read_text()}
 
 
 @pytest.mark.spark
@@ -127,6 +148,10 @@ def test_capture_indexer_and_queries_over_sasl_ssl_are_exact(spark, stack_config
     [line] = asked.stdout.splitlines()
     assert decoded(json.loads(line)["payload"]["value"])["id"] == first.id
 
+    # The stack's query part (``headwater serve``), given the settings the same way, reads it over HTTP too.
+    served = served_payload(environment(config), tmp_path, first._hw_rid)
+    assert [decoded(x["payload"]["value"])["id"] for x in served["answer"]] == [first.id]
+
     password = secure.passwords["headwater"]
     published = [json.dumps(r, default=str) for r in read_log(config)] + \
         [repr(m.value) for m in topic_records(config, config.edges_topic)]
@@ -135,9 +160,10 @@ def test_capture_indexer_and_queries_over_sasl_ssl_are_exact(spark, stack_config
     # option values among them (the jaas config the job gives the connector): none is headwater's to hide.
     logged = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("py4j"))
     assert "headwater" in logged
-    problems = [r.getMessage() for r in caplog.records if r.name.startswith("headwater") and r.levelno >= logging.WARNING]
+    problems = [r.getMessage() for r in caplog.records
+                if r.name.startswith("headwater") and r.levelno >= logging.WARNING]
     assert not problems, problems
-    for text in (logged, asked.stdout, asked.stderr):
+    for text in (logged, asked.stdout, asked.stderr, served["log"]):
         assert password not in text and secure.passwords["admin"] not in text
 
 

@@ -36,6 +36,16 @@ from . import pipelines
 from .conftest import index, local_file, read_log, stop_when_idle
 from .oracle import as_input
 
+
+def asked(server, direction: str, source: str) -> dict:
+    """The HTTP answer about the row at address ``source``."""
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode({"source": source})
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/lineage/{direction}?{query}", timeout=60) as got:
+        return json.loads(got.read())
+
 COUNT = 90
 PER_BATCH = 30  # records per micro-batch: batches 0, 1 and 2
 FAULT_BATCH = 1
@@ -445,3 +455,21 @@ def test_kafka_sink_after_a_rerun_batch_has_the_untraced_records_each_with_its_r
         [output] = [x for x in shown if x.kind == "output" and x.dataset == name]
         value = output.payload["value"]
         assert (json.loads(value) if isinstance(value, (str, bytes)) else value)["id"] == min(expected)
+
+    # Over HTTP the same: a sink record named by its address (source=), an input's outputs placed in the topic.
+    from headwater.query import http
+
+    server = http.serve(env.config, "127.0.0.1", 0, say=lambda _: None)
+    try:
+        rid, places = min(where.items())
+        topic, partition, offset = sorted(places)[0]
+        address = f"kafka:{topic}:{partition}:{offset}"
+        with LineageClient(env.config) as client:
+            expected_back = json.loads(json.dumps([x.to_dict() for x in client.backward(address)]))
+        assert asked(server, "backward", address)["answer"] == expected_back
+        row = json.loads(next(r.value for r in records[True] if r.offset == offset and r.partition == partition))
+        found = asked(server, "forward", f"kafka:{env.topic}:{read[row['id']][0]}:{read[row['id']][1]}")["answer"]
+        [output] = [x for x in found if x["kind"] == "output" and x["dataset"] == name]
+        assert output["rid"] == rid and (output["topic"], output["partition"], output["offset"]) in places
+    finally:
+        server.close()

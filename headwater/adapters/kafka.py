@@ -24,7 +24,11 @@ Kafka = Config | str  # a config, or a bootstrap address (security settings from
 
 class BrokerUnavailable(RuntimeError):
     """The Kafka broker did not answer, or refused headwater's login or certificate; the message says which
-    and names the setting to change (``diagnose``), never a secret."""
+    and names the setting to change (``diagnose``), never a secret. ``reason`` is that part alone."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class NotAuthorized(BrokerUnavailable):
@@ -75,7 +79,8 @@ def diagnose(config: Config, timeout_s: float = 5.0) -> str:
 
 def unavailable(config: Config) -> BrokerUnavailable:
     """The error for a client of ``config`` that could not be made: ``diagnose``'s reason."""
-    return BrokerUnavailable(f"no Kafka client of {config.bootstrap}: {diagnose(config)}")
+    reason = diagnose(config)
+    return BrokerUnavailable(f"no Kafka client of {config.bootstrap}: {reason}", reason)
 
 
 def not_authorized(config: Config, what: str, exc: Exception) -> NotAuthorized:
@@ -221,23 +226,63 @@ def record_at(kafka: Kafka, topic: str, partition: int, offset: int, timeout_s: 
         client.close()
 
 
-def records_between(kafka: Kafka, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 10.0):
-    """Every record the broker still holds in each ``(topic, partition) → [first, end)`` of ``ranges``, partition by
-    partition, in offset order; a range the broker no longer holds (all or part) gives what is left of it."""
+def records_between(kafka: Kafka, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 10.0,
+                    whole: bool = False):
+    """Every record the broker still holds in each ``(topic, partition) → [first, end)`` of ``ranges``, in offset
+    order within a partition (partitions interleaved). A range the broker no longer holds (all or part: retention,
+    a deleted or recreated topic) gives what is left of it, and the records not back within ``timeout_s`` are not
+    given; with ``whole``, either is ``RecordGone`` instead, naming the partition: a seek there would silently skip
+    to what is left, rows lost rather than a superset."""
     config = config_of(kafka)
     client = consumer(config)
     try:
-        for (topic, partition), (first, end) in sorted(ranges.items()):
-            tp = TopicPartition(topic, partition)
-            if not client.partitions_for_topic(topic) or partition not in client.partitions_for_topic(topic):
-                continue
-            client.assign([tp])
-            client.seek(tp, max(first, client.beginning_offsets([tp])[tp]))
-            end = min(end, client.end_offsets([tp])[tp])
-            deadline = time.monotonic() + timeout_s
-            while client.position(tp) < end and time.monotonic() < deadline:
-                for record in client.poll(timeout_ms=300, update_offsets=True).get(tp, []):
-                    if record.offset < end:
+        wanted = _held(client, ranges, whole)
+        left = {}
+        if wanted:
+            client.assign(list(wanted))
+            firsts, ends = client.beginning_offsets(list(wanted)), client.end_offsets(list(wanted))
+            gone = {tp: (firsts[tp], ends[tp]) for tp, (first, end) in wanted.items()
+                    if firsts[tp] > first or ends[tp] < end}
+            if whole and gone:
+                raise RecordGone("Kafka records asked for are no longer retained: " + ", ".join(
+                    f"{tp.topic}:{tp.partition} holds [{held[0]}, {held[1]}), [{wanted[tp][0]}, {wanted[tp][1]}) "
+                    f"was asked for" for tp, held in sorted(gone.items())))
+            for tp, (first, end) in wanted.items():
+                first, end = max(first, firsts[tp]), min(end, ends[tp])
+                if first < end:
+                    client.seek(tp, first)
+                    left[tp] = end
+        deadline = time.monotonic() + timeout_s
+        while left:
+            if time.monotonic() > deadline:
+                if whole:
+                    raise RecordGone(f"Kafka records were not all read back within {timeout_s:g}s: "
+                                     + ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in left)))
+                return
+            for tp, records in client.poll(timeout_ms=300).items():
+                for record in records:
+                    if tp in left and record.offset < left[tp]:
                         yield record
+                if tp in left and client.position(tp) >= left[tp]:
+                    del left[tp]
+                    client.pause(tp)
     finally:
         client.close()
+
+
+def _held(client: KafkaConsumer, ranges: dict[tuple[str, int], tuple[int, int]], whole: bool) \
+        -> dict[TopicPartition, tuple[int, int]]:
+    """The non-empty ranges of ``ranges`` whose partition the broker has, by ``TopicPartition``; with ``whole``,
+    ``RecordGone`` for one it has not."""
+    partitions: dict[str, set[int]] = {}
+    held = {}
+    for (topic, partition), (first, end) in sorted(ranges.items()):
+        if topic not in partitions:
+            partitions[topic] = client.partitions_for_topic(topic) or set()
+        if partition in partitions[topic]:
+            if first < end:
+                held[TopicPartition(topic, partition)] = (first, end)
+        elif whole:
+            raise RecordGone(f"topic {topic!r} has no partition {partition} on the broker now (deleted or "
+                             f"recreated since?)")
+    return held
