@@ -46,6 +46,7 @@ def asked(server, direction: str, source: str) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/lineage/{direction}?{query}", timeout=60) as got:
         return json.loads(got.read())
 
+
 COUNT = 90
 PER_BATCH = 30  # records per micro-batch: batches 0, 1 and 2
 FAULT_BATCH = 1

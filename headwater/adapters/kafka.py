@@ -242,8 +242,8 @@ def records_between(kafka: Kafka, ranges: dict[tuple[str, int], tuple[int, int]]
             client.assign(list(wanted))
             firsts, ends = client.beginning_offsets(list(wanted)), client.end_offsets(list(wanted))
             gone = {tp: (firsts[tp], ends[tp]) for tp, (first, end) in wanted.items()
-                    if firsts[tp] > first or ends[tp] < end}
-            if whole and gone:
+                    if whole and (firsts[tp] > first or ends[tp] < end)}
+            if gone:
                 raise RecordGone("Kafka records asked for are no longer retained: " + ", ".join(
                     f"{tp.topic}:{tp.partition} holds [{held[0]}, {held[1]}), [{wanted[tp][0]}, {wanted[tp][1]}) "
                     f"was asked for" for tp, held in sorted(gone.items())))
