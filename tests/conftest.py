@@ -17,6 +17,19 @@ from headwater.deploy.kafka_server import KafkaServer
 from headwater.deploy.stack import Stack, free_port
 
 
+# Fixtures that start a server or a Spark session, or fetch a tool: a module whose tests use none is fast.
+_SLOW_FIXTURES = {"stack", "spark", "broker", "demo_home", "tools"}
+
+
+def pytest_collection_modifyitems(items):
+    """A fast tier first: the modules none of whose tests starts a server or Spark run before the rest, each
+    module's tests kept together and in their order, so a plain mistake fails in a minute, not in the hour."""
+    slow = {item.module for item in items
+            if _SLOW_FIXTURES & set(item.fixturenames) or item.get_closest_marker("spark")
+            or item.get_closest_marker("stack")}
+    items.sort(key=lambda item: getattr(item, "module", None) in slow)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """The embedded broker and graph server, started once for the session, stopped at its end."""

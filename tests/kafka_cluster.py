@@ -113,8 +113,11 @@ class Cluster:
         ip("link", "set", self.links[i], "up")
 
     def down(self) -> None:
+        for proc in self.procs.values():  # all at once, not each after the last has gone
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
-            stop_process(proc)
+            stop_process(proc, signal.SIGTERM, timeout_s=20)
         for command in reversed(self._made):
             try:
                 ip(*command)
@@ -134,7 +137,7 @@ class Cluster:
         try:
             while True:
                 described = client.describe_topics(topics)
-                short = [(t["name"], p["partition"]) for t in described for p in t["partitions"]
+                short = [(t["name"], p["partition_index"]) for t in described for p in t["partitions"]
                          if len(p["isr_nodes"]) < NODES]
                 if not short:
                     return

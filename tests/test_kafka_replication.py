@@ -5,9 +5,12 @@ The topics (the source's and headwater's) are replicated three times with ``min.
 headwater's producer waits for every in-sync replica (``acks=all``) and is idempotent. While the stream
 runs, one broker is killed (SIGKILL) and stays down; then a second is cut off the network for 30 s, which
 leaves one broker of three: no quorum of controllers and too few in-sync replicas for any write, so
-capture spills (the breaker opens) as designed, and the stream's source waits for the partitions it cannot
-reach. Both brokers come back; the stream reads to the end. Afterwards the graph and the Parquet store hold
-exactly the edges an untraced oracle computes (each output row from its Kafka record): none lost, none twice.
+capture spills (the breaker opens) as designed. The source topic's partitions are led by the broker that
+stays (their replicas listed in that order), so the stream reads on through the cut and capture has batches to
+send, and spill, all along: led by the cut broker, the source would wait, capture would send nothing, and the
+spill would go untested (CI, 2026-12-02: "capture never spilled"). Both brokers come back; the stream reads to
+the end. Afterwards the graph and the Parquet store hold exactly the edges an untraced oracle computes (each
+output row from its Kafka record): none lost, none twice.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from kafka.admin import NewTopic
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import admin, ensure_topics, producer
@@ -33,6 +37,7 @@ from .kafka_cluster import Cluster
 EVENTS = 2400
 PER_BATCH = 40  # records a batch: the stream is still running when the faults come and go
 KILLED, CUT = 2, 3  # the nodes the faults take
+SURVIVOR = 1  # the node left, which leads the source topic's partitions
 CUT_S = 30.0
 SEND_TIMEOUT_S = 5.0
 
@@ -56,6 +61,31 @@ def replicas(config, topics: list[str]) -> dict[str, list[int]]:
         client.close()
 
 
+def led_by_survivor(config, topic: str) -> None:
+    """The source topic, two partitions of three replicas each, the survivor first (their preferred leader)."""
+    client = admin(config)
+    try:
+        client.create_topics([NewTopic(topic, replica_assignments={0: [SURVIVOR, KILLED, CUT],
+                                                                   1: [SURVIVOR, CUT, KILLED]})])
+    finally:
+        client.close()
+
+
+def leaders(config, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """Each partition's leader, once every partition has one (a new topic's are elected within moments)."""
+    deadline = time.monotonic() + timeout_s
+    client = admin(config)
+    try:
+        while True:
+            described = client.describe_topics([topic])
+            led = {p["partition_index"]: p["leader_id"] for t in described for p in t["partitions"]}
+            if (led and min(led.values()) >= 0) or time.monotonic() > deadline:
+                return led
+            time.sleep(0.5)
+    finally:
+        client.close()
+
+
 @pytest.mark.spark
 def test_a_stream_through_a_killed_and_a_cut_off_broker_keeps_every_edge_once(spark, stack_config, cluster,
                                                                                tmp_path):
@@ -64,7 +94,9 @@ def test_a_stream_through_a_killed_and_a_cut_off_broker_keeps_every_edge_once(sp
                                    spill_dir=str(tmp_path / "spill"), store_dir=str(tmp_path / "store"),
                                    send_timeout_s=SEND_TIMEOUT_S, breaker_cooldown_s=3.0)
     topic = f"rep-events-{tag}"
-    ensure_topics(config, [topic, config.edges_topic, config.log_topic, config.dlq_topic], 2)
+    led_by_survivor(config, topic)
+    ensure_topics(config, [config.edges_topic, config.log_topic, config.dlq_topic], 2)
+    assert leaders(config, topic) == {0: SURVIVOR, 1: SURVIVOR}
     assert replicas(config, [topic, config.edges_topic, config.log_topic]) == \
         {t: [3, 3] for t in (topic, config.edges_topic, config.log_topic)}
     client = producer(config)
