@@ -17,24 +17,23 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from headwater.core.config import STACK_FILE, Config, at_home, load
 
-from .kafka_server import KafkaServer, wait_listening
-from .tools import KAFKA_VERSION
+if TYPE_CHECKING:
+    from .kafka_server import KafkaServer
 
-# The store clients (neo4j, kafka) are imported where a part is checked, not here: the CLI reads the
-# stack's state (``query_service``) before every lineage question, and must start fast.
+# The store clients (neo4j, kafka), and what only starting, checking or naming the parts needs (kafka_server,
+# tools, secrets, urllib), are imported where they are used, not here: the CLI reads the stack's state
+# (``query_service``) before every lineage question, against a 0.3 s bar (``bench/cli_latency.py``).
 
 HOST = "127.0.0.1"
 DEFAULT_PORTS = {"broker": 9092, "controller": 9093, "bolt": 7687, "graph_http": 2480, "query": 8080}
@@ -114,6 +113,8 @@ def _alive(pid: int | None, marker: str) -> bool:
 
 
 def broker_server(home: Path, ports: dict) -> KafkaServer:
+    from .kafka_server import KafkaServer
+
     return KafkaServer(Path(home) / "broker", ports["broker"], ports["controller"], host=HOST)
 
 
@@ -168,12 +169,16 @@ def token(home: Path, name: str = TOKEN_FILE) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as out:
+            import secrets
+
             out.write(secrets.token_urlsafe(32))
     return path.read_text().strip()
 
 
 def healthz(port: int, timeout_s: float = 3.0) -> str | None:
     """None when the query part at ``port`` says it is up, else what went wrong."""
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://{HOST}:{port}/healthz", timeout=timeout_s) as reply:
             return None if reply.status == 200 else f"/healthz answered {reply.status}"
@@ -198,7 +203,12 @@ def query_service(home: Path, config: dict) -> tuple[str, str] | None:
         return None
 
 
-SERVERS = {"broker": f"Apache Kafka {KAFKA_VERSION} (KRaft)", "graph": "ArcadeDB (Bolt)", "query": "headwater serve"}
+def server_name(part: str) -> str:
+    """The server a part runs, as ``stack status`` names it."""
+    from .tools import KAFKA_VERSION
+
+    return {"broker": f"Apache Kafka {KAFKA_VERSION} (KRaft)", "graph": "ArcadeDB (Bolt)",
+            "query": "headwater serve"}[part]
 
 # The parts in the order they start; each is stopped in the reverse order.
 PARTS = ("broker", "graph", "query")
@@ -206,8 +216,9 @@ PARTS = ("broker", "graph", "query")
 
 def _marker(name: str, home: Path) -> str:
     """What identifies a part's process in /proc/PID/cmdline (the query part: the serve of this home)."""
-    return {"broker": broker_server(home, DEFAULT_PORTS).marker, "graph": "com.arcadedb.server.ArcadeDBServer",
-            "query": f"headwater.cli --home {home} serve"}[name]
+    if name == "broker":
+        return broker_server(home, DEFAULT_PORTS).marker
+    return {"graph": "com.arcadedb.server.ArcadeDBServer", "query": f"headwater.cli --home {home} serve"}[name]
 
 
 class Stack:
@@ -248,6 +259,8 @@ class Stack:
         for name in ("controller", "query"):
             if not ports.get(name):
                 ports[name] = free_port()
+        import secrets
+
         password = state.get("graph_password") or secrets.token_urlsafe(18)
         token(self.home)
         token(self.home, NARROWING_KEY_FILE)
@@ -323,6 +336,8 @@ class Stack:
         from headwater.adapters.graph import GraphUnavailable, wait_ready
         from headwater.adapters.kafka import BrokerUnavailable, list_topics
 
+        from .kafka_server import wait_listening
+
         deadline = time.monotonic() + timeout_s
         try:
             # Kafka takes seconds to listen; a client asked meanwhile backs off for as long again.
@@ -389,7 +404,7 @@ class Stack:
                 except (BrokerUnavailable, GraphUnavailable, StackError) as exc:
                     detail = str(exc)
             found.append(PartStatus(name, pid if running else None, running, healthy, part_ports, detail,
-                                    SERVERS[name]))
+                                    server_name(name)))
         return found
 
 

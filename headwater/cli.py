@@ -448,29 +448,34 @@ class _Service:
     def ask(self, question: str, start: int | str, backend: str, options: dict) -> tuple[list[dict], dict] | None:
         """``(records, summary)`` as in-process gives them; ``_Refused``; None when the service cannot answer in
         full: not there, busy (503), cut short (``truncated``: the server's --max-results) or any other status."""
-        import urllib.error
-        import urllib.parse
-        import urllib.request
+        import http.client  # not urllib.request: a fifth of the 0.3 s bar to import, for one GET on 127.0.0.1
+        from urllib.parse import urlencode, urlsplit
 
         parameters = self.parameters(start, backend, options)
         if parameters is None:
             return None
-        request = urllib.request.Request(
-            f"{self.url}/v1/lineage/{self.PATHS[question]}?{urllib.parse.urlencode(parameters)}",
-            headers={"Authorization": f"Bearer {self.token}"})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never via a proxy
+        where = urlsplit(self.url)
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=self.TIMEOUT_S)  # never a proxy
         try:
-            with opener.open(request, timeout=self.TIMEOUT_S) as reply:
-                body = json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code in (400, 404):
-                try:
-                    message = json.loads(exc.read())["error"]
-                except (ValueError, KeyError, TypeError, OSError):
-                    return None
-                raise _Refused(message, unknown=exc.code == 404) from None
+            connection.request("GET", f"/v1/lineage/{self.PATHS[question]}?{urlencode(parameters)}",
+                               headers={"Authorization": f"Bearer {self.token}"})
+            reply = connection.getresponse()
+            status, data = reply.status, reply.read()
+        except (OSError, http.client.HTTPException):  # refused, reset, timed out, not HTTP
             return None
-        except (OSError, ValueError):  # refused, reset, timed out; not JSON
+        finally:
+            connection.close()
+        if status in (400, 404):
+            try:
+                message = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                return None
+            raise _Refused(message, unknown=status == 404)
+        try:
+            body = json.loads(data) if status == 200 else None
+        except ValueError:
+            return None
+        if body is None:  # busy (503) or any other status
             return None
         if body.get("truncated") is not False:
             return None
