@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(items):
     slow = {item.module for item in items
             if _SLOW_FIXTURES & set(item.fixturenames) or item.get_closest_marker("spark")
             or item.get_closest_marker("stack")}
-    items.sort(key=lambda item: getattr(item, "module", None) in slow)
+    items.sort(key=lambda item: item.module in slow)
 
 
 @pytest.fixture(scope="session")
