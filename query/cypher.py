@@ -6,6 +6,8 @@ would enumerate every path, and a lineage DAG with hubs has exponentially many.
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
 from headwater.adapters.graph import driver
@@ -26,6 +28,11 @@ _FROM = ("MATCH ({near}:Row) WHERE {near}.rid = $rid OPTIONAL MATCH (a:Row)-[e:D
          + ", " + _EDGE_FIELDS)
 _ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
 _CHUNK = 5000  # rids per statement
+# How long a batch's logged capture status is taken as read before the graph is asked again: questions about
+# the rows of the same few batches (an explorer's page asks three of each) then cost one round trip fewer,
+# and a status logged anew (a batch run again after a restart) shows within this. Batches with no status yet
+# are asked every time: their status is what an indexer writes next.
+STATUS_TTL_S = 2.0
 
 
 class CypherBackend(WalkingBackend):
@@ -34,6 +41,7 @@ class CypherBackend(WalkingBackend):
     def __init__(self, config: Config):
         self.config = config
         self._driver = driver(config)
+        self._statuses: dict[tuple[str, int], tuple[float, str]] = {}  # (query, batch) -> (when read, status)
 
     def close(self) -> None:
         self._driver.close()
@@ -78,7 +86,17 @@ class CypherBackend(WalkingBackend):
         return {row["rid"]: row for row in self._chunked(_ROWS, "rids", rids)}
 
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
-        return batch_statuses(self._driver, pairs, self.config.graph_database)
+        now = time.monotonic()
+        held = {pair: self._statuses.get(pair) for pair in pairs}
+        found = {pair: kept[1] for pair, kept in held.items() if kept is not None and now - kept[0] <= STATUS_TTL_S}
+        asked = [pair for pair in held if pair not in found]
+        if asked:
+            read = batch_statuses(self._driver, asked, self.config.graph_database)
+            if len(self._statuses) > 100_000:  # a long-running server's: the expired go
+                self._statuses = {k: v for k, v in self._statuses.items() if now - v[0] <= STATUS_TTL_S}
+            self._statuses.update({pair: (now, status) for pair, status in read.items() if status is not None})
+            found.update(read)
+        return found
 
     def gaps_between(self, query: str, first: int, last: int) -> dict[tuple[str, int], str | None]:
         return gaps_between(self._driver, query, first, last, self.config.graph_database)

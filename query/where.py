@@ -499,7 +499,7 @@ class _Evaluator:
 
     # Literals are kept as Python values; an operation over literals only is done on Arrow scalars.
     def _arrow_value(self, v: _V, to: str):
-        pa, pc = self.pa, self.pc
+        pc = self.pc
         if v.type == "void":
             return _literal(None, to)
         if v.literal:
@@ -661,7 +661,7 @@ class _Evaluator:
         return self._result(self.pc.and_kleene(above, below), "boolean", value, low, high)
 
     def _In(self, node) -> _V:
-        pa, pc = self.pa, self.pc
+        pc = self.pc
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
             raise _Unsupported("IN over anything but a list")
         value = self.eval(node.this)

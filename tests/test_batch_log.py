@@ -19,8 +19,9 @@ from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import CAPTURE_STATUSES, LOG_BATCH, LOG_PLAN, LOG_PROGRESS, encode_log
 from headwater.indexer.batch_log import RUN_RECORDS, BatchLog, BatchLogWriter, partition_root
-from headwater.indexer.graph import batch_statuses
+from headwater.indexer.graph import GraphWriter, batch_statuses
 from headwater.indexer.service import Indexer
+from headwater.query import cypher
 from headwater.query.cypher import CypherBackend
 
 from .conftest import index
@@ -351,3 +352,27 @@ def test_the_store_and_the_graph_give_the_same_gap_map(config):
     assert any(n.startswith("seg-000001-") for n in names)
     assert log.refresh().statuses(pairs) == expected
     assert BatchLog(config.store_path(), config.log_topic).batch(queries[1], 8) == stored
+
+
+@pytest.mark.stack
+def test_the_graphs_statuses_are_kept_briefly_and_a_batch_logged_anew_shows_after(config, monkeypatch):
+    query = f"ttl-{config.log_topic}"
+    first, second = (query, 1), (query, 2)
+    asked = []
+    read = cypher.batch_statuses
+    monkeypatch.setattr(cypher, "batch_statuses", lambda d, pairs, db: asked.append(list(pairs)) or read(d, pairs, db))
+    writer, backend = GraphWriter(config), CypherBackend(config)
+    try:
+        writer.write_batch(query, 1, {"status": "full"})
+        assert backend.batch_statuses([first, second]) == {first: "full", second: None}
+        writer.write_batch(query, 2, {"status": "sampled"})
+        # the batch with no status yet is asked again at once; the other is taken as read
+        assert backend.batch_statuses([first, second]) == {first: "full", second: "sampled"}
+        assert asked == [[first, second], [second]]
+        writer.write_batch(query, 1, {"status": "failed"})  # the batch run again after a restart
+        time.sleep(cypher.STATUS_TTL_S + 0.1)
+        assert backend.batch_statuses([first, second]) == {first: "failed", second: "sampled"}
+        assert asked[2:] == [[first, second]]
+    finally:
+        backend.close()
+        writer.close()
