@@ -1,7 +1,7 @@
 # The headwater services: `headwater index` and `headwater serve` (helm/headwater and
 # deploy/compose.yaml run them). No Java: neither starts Spark (`headwater compact` does,
-# and is not run from this image). Without the `local` extra: no embedded broker or graph
-# server. docker build -t headwater:0.1.0 .
+# and is not run from this image), nor the embedded stack's broker and graph server (their jars
+# are fetched by `headwater stack up`, never here). docker build -t headwater:0.1.0 .
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -1,9 +1,8 @@
-"""The embedded local stack: Apache Kafka, a Bolt graph server and the query service on 127.0.0.1.
+"""The embedded local stack: Apache Kafka, Neo4j and the query service on 127.0.0.1.
 
-``Stack(home).up()`` starts Apache Kafka, one KRaft node (``headwater.deploy.kafka_server``, its jars
-fetched from Maven Central into the tools cache on first use, its data in ``home/broker``), and ArcadeDB
-with its Bolt plugin (from the ``arcadedb-embedded`` wheel, with its own Java runtime: headwater's
-``local`` extra, ``pip install 'headwater[local]'``), waits until
+``Stack(home).up()`` starts Apache Kafka, one KRaft node (``headwater.deploy.kafka_server``, its data in
+``home/broker``), and Neo4j 5 Community (``headwater.deploy.neo4j_server``, Bolt and HTTP, its data in
+``home/graph``), both from jars fetched from Maven Central into the tools cache on first use, waits until
 each answers a real request, then starts ``headwater serve`` on the stack's config (the
 ``query`` part, behind the token in ``home/http-token``) and waits for its ``/healthz``.
 It records PIDs, ports and the generated graph password in ``home/stack.json``; the CLI
@@ -14,7 +13,6 @@ asks the query part a lineage question when it runs, instead of importing the qu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -30,13 +28,14 @@ from headwater.core.config import STACK_FILE, Config, at_home, load
 
 if TYPE_CHECKING:
     from .kafka_server import KafkaServer
+    from .neo4j_server import Neo4jServer
 
 # The store clients (neo4j, kafka), and what only starting, checking or naming the parts needs (kafka_server,
 # tools, secrets, urllib), are imported where they are used, not here: the CLI reads the stack's state
 # (``query_service``) before every lineage question, against a 0.3 s bar (``bench/cli_latency.py``).
 
 HOST = "127.0.0.1"
-DEFAULT_PORTS = {"broker": 9092, "controller": 9093, "bolt": 7687, "graph_http": 2480, "query": 8080}
+DEFAULT_PORTS = {"broker": 9092, "controller": 9093, "bolt": 7687, "graph_http": 7474, "query": 8080}
 TOKEN_FILE = "http-token"  # in the home: the query part's bearer token, generated once
 # In the home: the key capture signs black boxes' functions with and the query tier checks (``core/signing.py``)
 NARROWING_KEY_FILE = "narrowing-key"
@@ -54,29 +53,10 @@ class PartStatus:
     healthy: bool
     ports: dict
     detail: str
-    server: str = ""  # what runs the part: "Apache Kafka 4.1.1 (KRaft)", "ArcadeDB", "headwater serve"
+    server: str = ""  # what runs the part: "Apache Kafka 4.1.1 (KRaft)", "Neo4j 5.26.30 Community", …
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
-
-
-LOCAL_EXTRA = "pip install 'headwater[local]'"
-
-
-def _package_dir(name: str, pip_name: str) -> Path:
-    """Where a wheel of the ``local`` extra is installed; found, never imported (nor at import time)."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise StackError(f"the local stack needs {pip_name}, which is not installed: {LOCAL_EXTRA}")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def arcadedb_home() -> Path:
-    home = _package_dir("arcadedb_embedded", "arcadedb-embedded")
-    for needed in (home / "jre" / "bin" / "java", home / "jars"):
-        if not needed.exists():
-            raise StackError(f"ArcadeDB runtime missing at {needed}: pip install --force-reinstall arcadedb-embedded")
-    return home
 
 
 def port_free(port: int) -> bool:
@@ -118,42 +98,25 @@ def broker_server(home: Path, ports: dict) -> KafkaServer:
     return KafkaServer(Path(home) / "broker", ports["broker"], ports["controller"], host=HOST)
 
 
-def broker_command(server: KafkaServer) -> list[str]:
-    """Apache Kafka's command for ``server``, its config written and its storage formatted first."""
-    from .tools import ToolUnavailable, kafka
+def graph_server(home: Path, ports: dict, password: str = "") -> Neo4jServer:
+    from .neo4j_server import Neo4jServer
 
+    return Neo4jServer(Path(home) / "graph", ports["bolt"], ports["graph_http"], password, host=HOST)
+
+
+def server_command(server: KafkaServer | Neo4jServer) -> list[str]:
+    """The command of Apache Kafka's or Neo4j's ``server``, prepared first (its config written, and Kafka's
+    storage formatted or Neo4j's initial password set), with its jars fetched into the tools cache."""
+    from . import tools
+    from .kafka_server import KafkaServer
+
+    name, jars = ("Apache Kafka", tools.kafka) if isinstance(server, KafkaServer) else ("Neo4j", tools.neo4j)
     try:
-        jars = kafka()
-        server.prepare(jars)
-    except (ToolUnavailable, RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        raise StackError(f"cannot start Apache Kafka: {exc}") from exc
-    return server.command(jars)
-
-
-def graph_command(bolt_port: int, http_port: int, data_dir: Path, password: str) -> list[str]:
-    home = arcadedb_home()
-    return [
-        str(home / "jre" / "bin" / "java"),
-        "-Xmx1g",
-        "--add-modules=jdk.incubator.vector",
-        "--enable-native-access=ALL-UNNAMED",
-        "--add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED",
-        "--add-opens=java.base/java.nio.channels.spi=ALL-UNNAMED",
-        "--add-opens=java.base/java.lang=ALL-UNNAMED",
-        "-Djava.awt.headless=true",
-        f"-Darcadedb.server.rootPath={data_dir}",
-        f"-Darcadedb.server.databaseDirectory={data_dir / 'db'}",
-        f"-Darcadedb.server.rootPassword={password}",
-        "-Darcadedb.server.mode=development",
-        f"-Darcadedb.server.httpIncomingHost={HOST}",
-        f"-Darcadedb.server.httpIncomingPort={http_port}",
-        "-Darcadedb.server.plugins=Bolt:com.arcadedb.bolt.BoltProtocolPlugin",
-        f"-Darcadedb.bolt.host={HOST}",
-        f"-Darcadedb.bolt.port={bolt_port}",
-        "-Darcadedb.server.defaultDatabases=lineage[root]",
-        "-cp", f"{home / 'jars'}/*",
-        "com.arcadedb.server.ArcadeDBServer",
-    ]
+        folder = jars()
+        server.prepare(folder)
+    except (tools.ToolUnavailable, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"cannot start {name}: {exc}") from exc
+    return server.command(folder)
 
 
 def query_command(home: Path, port: int) -> list[str]:
@@ -205,9 +168,9 @@ def query_service(home: Path, config: dict) -> tuple[str, str] | None:
 
 def server_name(part: str) -> str:
     """The server a part runs, as ``stack status`` names it."""
-    from .tools import KAFKA_VERSION
+    from .tools import KAFKA_VERSION, NEO4J_VERSION
 
-    return {"broker": f"Apache Kafka {KAFKA_VERSION} (KRaft)", "graph": "ArcadeDB (Bolt)",
+    return {"broker": f"Apache Kafka {KAFKA_VERSION} (KRaft)", "graph": f"Neo4j {NEO4J_VERSION} Community",
             "query": "headwater serve"}[part]
 
 # The parts in the order they start; each is stopped in the reverse order.
@@ -218,7 +181,9 @@ def _marker(name: str, home: Path) -> str:
     """What identifies a part's process in /proc/PID/cmdline (the query part: the serve of this home)."""
     if name == "broker":
         return broker_server(home, DEFAULT_PORTS).marker
-    return {"graph": "com.arcadedb.server.ArcadeDBServer", "query": f"headwater.cli --home {home} serve"}[name]
+    if name == "graph":
+        return graph_server(home, DEFAULT_PORTS).marker
+    return f"headwater.cli --home {home} serve"
 
 
 class Stack:
@@ -252,7 +217,6 @@ class Stack:
     # lifecycle -----------------------------------------------------------
 
     def up(self, timeout_s: float = 90.0) -> list[PartStatus]:
-        arcadedb_home()  # without the local extra, say so before anything else
         state = self._state()
         parts = state.get("parts", {})
         ports = {**self.requested_ports, **state.get("ports", {})}
@@ -273,11 +237,11 @@ class Stack:
         )
         state = {"parts": parts, "ports": ports, "graph_password": password, "config": config.to_dict()}
         # Saved after each part starts: a part that fails to start leaves those before it known to ``down``.
-        self._start(parts, "broker", lambda: broker_command(broker_server(self.home, ports)),
+        self._start(parts, "broker", lambda: server_command(broker_server(self.home, ports)),
                     [ports["broker"], ports["controller"]])
         self._save(state)
         self._start(parts, "graph",
-                    lambda: graph_command(ports["bolt"], ports["graph_http"], self.home / "graph", password),
+                    lambda: server_command(graph_server(self.home, ports, password)),
                     [ports["bolt"], ports["graph_http"]])
         self._save(state)
         deadline = time.monotonic() + timeout_s

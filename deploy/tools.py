@@ -15,6 +15,8 @@
   version with what it needs that pyspark does not ship (``kafka-clients``, ``commons-pool2``,
   ``spark-token-provider-kafka-0-10``), from Maven Central: the jars a session reads ``format("kafka")`` with
   (``spark_kafka_jars``);
+- ``neo4j``: Neo4j 5 Community (``org.neo4j:neo4j``, which brings Neo4j's own server, ``neo4j-server``, and
+  its admin tool), from Maven Central: a folder of jars, the classpath of ``headwater.deploy.neo4j_server``;
 - ``chromium``: Debian's ``chromium``, which the explorer's browser tests drive with Playwright
   (never a browser of Playwright's own). A system package, not a folder of the cache: installed
   with apt-get when missing, which needs root.
@@ -53,6 +55,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 KAFKA_VERSION = "4.1.1"
 KAFKA = (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", f"org.apache.kafka:kafka-tools:{KAFKA_VERSION}",
          "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3")
+# Neo4j 5 Community: the 5.26 long-term-support line, which runs on Java 17 (Neo4j 2025.x needs Java 21).
+NEO4J_VERSION = "5.26.30"
+NEO4J = (f"org.neo4j:neo4j:{NEO4J_VERSION}",)
 SPARK_KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13"  # of pyspark's version: a connector of another fails
 
 
@@ -137,6 +142,11 @@ def kafka() -> Path:
     return cached(_maven_folder(KAFKA), _maven(KAFKA))
 
 
+def neo4j() -> Path:
+    """The folder of Neo4j's jars (``NEO4J``): ``java -cp 'FOLDER/*' org.neo4j.server.CommunityEntryPoint …``."""
+    return cached(_maven_folder(NEO4J), _maven(NEO4J))
+
+
 def spark_kafka() -> Path:
     """The folder of Spark's Kafka connector for the installed pyspark, without the jars pyspark ships."""
     coordinate = f"{SPARK_KAFKA}:{pyspark_version()}"
@@ -172,7 +182,7 @@ def pyspark_jars() -> Path:
 
 
 TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": promtool, "kafka": kafka,
-                                        "spark-kafka": spark_kafka,
+                                        "neo4j": neo4j, "spark-kafka": spark_kafka,
                                         "grafana-schema": grafana_schema, "helm": helm,
                                         "compose-schema": compose_schema,
                                         "prometheus-operator-models": prometheus_operator_models,
@@ -279,7 +289,7 @@ def _run(command: list[str], cwd: Path, check: bool = True, env: dict | None = N
         raise ToolUnavailable(f"{' '.join(command)}: {command[0]} is not on this machine "
                               f"(Debian's apt and dpkg fetch prometheus and chromium; Node.js and npm the npm "
                               f"packages: helm, the Grafana and Compose schemas, the prometheus-operator models; "
-                              f"Maven (mvn) Apache Kafka and Spark's Kafka connector)")
+                              f"Maven (mvn) Apache Kafka, Neo4j and Spark's Kafka connector)")
     # The tools' own output is progress: onto our stderr (fd 2), never our stdout.
     done = subprocess.run(command, cwd=cwd, stdout=2, stdin=subprocess.DEVNULL, timeout=900,
                           env={**os.environ, **env} if env else None)

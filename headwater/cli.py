@@ -98,7 +98,7 @@ def main(ctx: click.Context, home: Path | None) -> None:
 
 @main.group()
 def stack() -> None:
-    """The embedded local stack: Apache Kafka, Bolt graph server and query service on 127.0.0.1."""
+    """The embedded local stack: Apache Kafka, Neo4j and the query service on 127.0.0.1."""
 
 
 @stack.command("up")
@@ -106,7 +106,7 @@ def stack() -> None:
 @click.option("--controller-port", type=int, default=0, show_default=True,
               help="Kafka's KRaft controller port (the node's own); 0: any free port, kept across ups.")
 @click.option("--bolt-port", type=int, default=7687, show_default=True)
-@click.option("--http-port", type=int, default=2480, show_default=True, help="The graph server's HTTP port.")
+@click.option("--http-port", type=int, default=7474, show_default=True, help="Neo4j's HTTP port.")
 @click.option("--query-port", type=int, default=8080, show_default=True,
               help="The query part's port (headwater serve, which lineage questions are asked); 0: any free port.")
 @click.pass_context

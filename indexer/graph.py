@@ -1,8 +1,9 @@
-"""Idempotent writes of lineage rows and edges into a Bolt graph store.
+"""Idempotent writes of lineage rows and edges into the graph store, Neo4j 5.
 
-Portable Cypher only (Neo4j 5 and ArcadeDB): parameters always, no APOC. Rows are
-MERGEd before edges, and edges MATCH both ends by ``rid``: merging both ends and the
-relationship in one statement deadlocks on ArcadeDB for chained rows. Rows are
+Plain Cypher: parameters always, no APOC (written first for ArcadeDB, the Bolt server the
+graph was before Neo4j could be fetched, whose measurements some notes below still quote).
+Rows are MERGEd before edges, and edges MATCH both ends by ``rid``: merging both ends and
+the relationship in one statement deadlocked on ArcadeDB for chained rows. Rows are
 idempotent by MERGE; edges as below.
 """
 
@@ -19,6 +20,9 @@ from headwater.core.config import Config
 SCHEMA_STATEMENTS = (
     "CREATE CONSTRAINT row_rid IF NOT EXISTS FOR (n:Row) REQUIRE n.rid IS UNIQUE",
     "CREATE CONSTRAINT dataset_name IF NOT EXISTS FOR (d:Dataset) REQUIRE d.name IS UNIQUE",
+    # a batch's node is found by its query and number (MERGE_BATCH, BATCH_FIELDS) and a query's by its query
+    # alone (GAPS_BETWEEN): one composite range index serves both, its first property leading
+    "CREATE INDEX batch_key IF NOT EXISTS FOR (b:Batch) ON (b.query, b.batch)",
 )
 
 # A row's properties never change (its rid is derived from them), so only a new row gets

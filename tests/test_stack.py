@@ -1,14 +1,17 @@
 import json
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from headwater.cli import main as cli_main
-from headwater.deploy import stack as stack_module
+from neo4j import GraphDatabase
+from neo4j.exceptions import AuthError
+
+from headwater.adapters.graph import driver
+from headwater.deploy import tools
 from headwater.deploy.stack import Stack, StackError, free_port
 
 
@@ -17,10 +20,19 @@ def cli(home, *args):
                           capture_output=True, text=True, timeout=180)
 
 
-def test_status_reports_each_part_healthy(stack):
+def test_status_reports_each_part_healthy_and_names_its_server(stack):
     statuses = {s.name: s for s in stack.status()}
     assert set(statuses) == {"broker", "graph", "query"}
     assert all(s.running and s.healthy for s in statuses.values())
+    assert statuses["broker"].server == f"Apache Kafka {tools.KAFKA_VERSION} (KRaft)"
+    assert statuses["graph"].server == f"Neo4j {tools.NEO4J_VERSION} Community"
+    # the server the graph part names is the one that answers on Bolt, with auth on
+    config = stack.config()
+    with driver(config) as d, d.session(database=config.graph_database) as s:
+        [row] = s.run("CALL dbms.components() YIELD name, versions, edition RETURN name, versions, edition")
+    assert (row["name"], row["versions"], row["edition"]) == ("Neo4j Kernel", [tools.NEO4J_VERSION], "community")
+    with pytest.raises(AuthError), GraphDatabase.driver(config.graph_uri, auth=(config.graph_user, "wrong")) as d:
+        d.verify_connectivity()
 
 
 def test_second_up_is_harmless_and_keeps_the_same_processes(stack):
@@ -96,21 +108,6 @@ def test_a_taken_query_port_leaves_the_stores_up_and_questions_in_process(tmp_pa
             local.down()
 
 
-def test_without_the_local_extra_stack_up_says_to_install_it(tmp_path, monkeypatch):
-    # A fake, named as such: an uninstalled wheel cannot be produced inside the test run.
-    real = stack_module.importlib.util.find_spec
-    for wheel in ("arcadedb_embedded",):
-        monkeypatch.setattr(stack_module.importlib.util, "find_spec",
-                            lambda name, wheel=wheel: None if name == wheel else real(name))
-        with pytest.raises(StackError, match=r"pip install 'headwater\[local\]'"):
-            Stack(tmp_path, ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()}).up()
-        assert not (tmp_path / "stack.json").exists()  # nothing was started
-        result = CliRunner().invoke(cli_main, ["--home", str(tmp_path), "stack", "up", "--broker-port",
-                                               str(free_port()), "--bolt-port", str(free_port())])
-        assert result.exit_code == 2 and result.stdout == ""
-        assert result.stderr.count("\n") == 1 and "pip install 'headwater[local]'" in json.loads(result.stderr)["error"]
-
-
 def test_without_maven_stack_up_says_what_fetches_kafka(tmp_path, monkeypatch):
     """Apache Kafka's jars come from Maven Central on first use: on a machine without ``mvn`` (a PATH that
     has none, and an empty tools cache) the stack says so, and leaves nothing running."""
@@ -121,8 +118,22 @@ def test_without_maven_stack_up_says_what_fetches_kafka(tmp_path, monkeypatch):
     assert Stack(tmp_path / "home").down() == []
 
 
-def test_headwater_and_its_cli_import_no_wheel_of_the_local_extra():
-    loaded = subprocess.run([sys.executable, "-c", "import sys, headwater, headwater.cli, headwater.deploy.stack; "
-                             "print([m for m in sys.modules if m.startswith('arcadedb')])"],
-                            capture_output=True, text=True, timeout=120)
-    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stderr
+def test_without_maven_stack_up_says_what_fetches_neo4j_and_stops_the_broker(tmp_path, monkeypatch):
+    """Neo4j's jars come from Maven Central on first use too: Kafka's already fetched, a PATH with Java but no
+    ``mvn``, the stack says what would fetch Neo4j and leaves only the broker it started, which down stops."""
+    cache = tmp_path / "tools"
+    cache.mkdir()
+    kafka = tools.kafka()
+    (cache / kafka.name).symlink_to(kafka)
+    only_java = tmp_path / "bin"
+    only_java.mkdir()
+    (only_java / "java").symlink_to(shutil.which("java"))
+    monkeypatch.setenv("HEADWATER_TOOLS", str(cache))
+    monkeypatch.setenv("PATH", str(only_java))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    local = Stack(tmp_path / "home", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
+    try:
+        with pytest.raises(StackError, match=r"cannot start Neo4j: mvn .*: mvn is not on this machine"):
+            local.up()
+    finally:
+        assert local.down() == ["broker"]

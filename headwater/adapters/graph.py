@@ -1,4 +1,4 @@
-"""Connecting to the Bolt graph store (Neo4j 5, or the local ArcadeDB server)."""
+"""Connecting to the Bolt graph store: Neo4j 5 (the local stack's, or the user's own)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ class GraphUnavailable(RuntimeError):
 
 
 def driver(config: Config, **options) -> Driver:
-    """A driver of the configured graph store; ``options``: the neo4j driver's (timeouts, pool size)."""
+    """A driver of the configured graph store; ``options``: the neo4j driver's (timeouts, pool size).
+
+    The server's notifications are off: headwater's statements name properties a new graph has not seen yet
+    (Neo4j's "property key does not exist" warning), which the driver would log on stderr, where the CLI's
+    errors go as JSON."""
+    options.setdefault("notifications_min_severity", "OFF")
     return GraphDatabase.driver(config.graph_uri, auth=(config.graph_user, config.graph_password), **options)
 
 

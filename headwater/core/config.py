@@ -43,7 +43,7 @@ class Config:
     kafka_ssl_certfile: str = ""  # client certificate, for brokers that authenticate clients by TLS
     kafka_ssl_keyfile: str = ""
     graph_uri: str = "bolt://127.0.0.1:7687"
-    graph_user: str = "root"
+    graph_user: str = "neo4j"
     graph_password: str = field(default="", repr=False)
     graph_database: str = "lineage"
     metrics_port: int = 0  # capture's Prometheus endpoint; 0: none

@@ -1,0 +1,99 @@
+"""Neo4j 5 Community, the graph server of the local stack, the tests and the benches.
+
+``Neo4jServer(folder, bolt_port, http_port, password)`` writes ``folder/conf/neo4j.conf`` and, before the
+first start, sets the initial password with Neo4j's own admin tool (``dbms set-initial-password``, as
+``neo4j-admin`` does); ``command()`` is what starts Neo4j's own server (``org.neo4j.server.CommunityEntryPoint``,
+what Neo4j's ``bin/neo4j console`` runs) with the jars ``headwater.deploy.tools.neo4j()`` fetched from Maven
+Central into the tools cache: no Neo4j install, no scripts. Bolt and HTTP listen on ``host`` only, auth is on
+(user ``neo4j``), the database is ``database`` (Community holds one beside ``system``; it is made on the first
+start), usage reports are off. The data lives in ``folder/data`` and outlives the process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .kafka_server import java
+
+MAIN_CLASS = "org.neo4j.server.CommunityEntryPoint"
+ADMIN_CLASS = "org.neo4j.cli.AdminTool"
+USER = "neo4j"  # Community's one user
+HEAP = "-Xmx1g"  # beside Spark and Kafka on 2 cores and 24 GiB; a production server sizes its own
+PAGE_CACHE = "512m"
+# What Neo4j's own launcher gives its JVM on Java 17 and newer (its netty and page cache reach into java.nio).
+JVM_OPTIONS = ("-XX:+UseG1GC", "-XX:-OmitStackTraceInFastThrow", "-XX:+DisableExplicitGC",
+               "-Djdk.nio.maxCachedBufferSize=1024", "-Dio.netty.tryReflectionSetAccessible=true",
+               "-Dlog4j2.disable.jmx=true", "-Djava.awt.headless=true",
+               "--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/java.io=ALL-UNNAMED",
+               "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED", "--enable-native-access=ALL-UNNAMED")
+
+
+@dataclass
+class Neo4jServer:
+    folder: Path
+    bolt_port: int
+    http_port: int
+    password: str = field(repr=False)
+    host: str = "127.0.0.1"
+    database: str = "lineage"
+
+    def __post_init__(self):
+        self.folder = Path(self.folder)
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.folder / "conf"
+
+    @property
+    def marker(self) -> str:
+        """What tells this server's process in /proc/PID/cmdline from any other."""
+        return f"{MAIN_CLASS} --home-dir={self.folder}"
+
+    def settings(self) -> dict[str, str]:
+        return {
+            "server.default_listen_address": self.host,
+            "server.default_advertised_address": self.host,
+            "server.bolt.enabled": "true",
+            "server.bolt.listen_address": f"{self.host}:{self.bolt_port}",
+            "server.bolt.advertised_address": f"{self.host}:{self.bolt_port}",
+            "server.http.enabled": "true",
+            "server.http.listen_address": f"{self.host}:{self.http_port}",
+            "server.http.advertised_address": f"{self.host}:{self.http_port}",
+            "server.https.enabled": "false",
+            "dbms.security.auth_enabled": "true",
+            "initial.dbms.default_database": self.database,
+            "server.directories.data": str(self.folder / "data"),
+            "server.directories.logs": str(self.folder / "logs"),
+            "server.directories.run": str(self.folder / "run"),
+            "server.directories.import": str(self.folder / "import"),
+            "server.directories.plugins": str(self.folder / "plugins"),
+            "server.memory.pagecache.size": PAGE_CACHE,
+            "dbms.usage_report.enabled": "false",
+        }
+
+    def prepare(self, neo4j_jars: Path) -> None:
+        """Write the config and, before the first start only, set the initial password (the data survives)."""
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        (self.conf_dir / "neo4j.conf").write_text("".join(f"{k}={v}\n" for k, v in self.settings().items()))
+        if (self.folder / "data" / "databases" / "system").exists():
+            return  # started before: the password is the system database's now
+        done = subprocess.run(self._java(neo4j_jars) + [ADMIN_CLASS, "dbms", "set-initial-password", self.password],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              env=self.environment(), timeout=120)
+        if done.returncode != 0:
+            tail = done.stdout.decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"setting Neo4j's initial password in {self.folder} failed: {' | '.join(tail)}")
+
+    def command(self, neo4j_jars: Path) -> list[str]:
+        return self._java(neo4j_jars) + [MAIN_CLASS, f"--home-dir={self.folder}", f"--config-dir={self.conf_dir}",
+                                         "--console-mode"]
+
+    def environment(self) -> dict[str, str]:
+        """The environment the server and Neo4j's tools run in: they find their home and config by it."""
+        return {**os.environ, "NEO4J_HOME": str(self.folder), "NEO4J_CONF": str(self.conf_dir)}
+
+    def _java(self, neo4j_jars: Path) -> list[str]:
+        return [java(), HEAP, *JVM_OPTIONS, "-cp", f"{neo4j_jars}/*"]
