@@ -20,7 +20,6 @@ from .kafka_server import java
 
 MAIN_CLASS = "org.neo4j.server.CommunityEntryPoint"
 ADMIN_CLASS = "org.neo4j.cli.AdminTool"
-USER = "neo4j"  # Community's one user
 HEAP = "-Xmx1g"  # beside Spark and Kafka on 2 cores and 24 GiB; a production server sizes its own
 PAGE_CACHE = "512m"
 # What Neo4j's own launcher gives its JVM on Java 17 and newer (its netty and page cache reach into java.nio).
