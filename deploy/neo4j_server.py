@@ -81,7 +81,7 @@ class Neo4jServer:
             return  # started before: the password is the system database's now
         done = subprocess.run(self._java(neo4j_jars) + [ADMIN_CLASS, "dbms", "set-initial-password", self.password],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env=self.environment(), timeout=120)
+                              env=self._tool_environment(), timeout=120)
         if done.returncode != 0:
             tail = done.stdout.decode(errors="replace").strip().splitlines()[-5:]
             raise RuntimeError(f"setting Neo4j's initial password in {self.folder} failed: {' | '.join(tail)}")
@@ -90,8 +90,9 @@ class Neo4jServer:
         return self._java(neo4j_jars) + [MAIN_CLASS, f"--home-dir={self.folder}", f"--config-dir={self.conf_dir}",
                                          "--console-mode"]
 
-    def environment(self) -> dict[str, str]:
-        """The environment the server and Neo4j's tools run in: they find their home and config by it."""
+    def _tool_environment(self) -> dict[str, str]:
+        """The environment Neo4j's admin tool runs in: it finds the home and config by it (the server is told
+        them by its arguments)."""
         return {**os.environ, "NEO4J_HOME": str(self.folder), "NEO4J_CONF": str(self.conf_dir)}
 
     def _java(self, neo4j_jars: Path) -> list[str]:
