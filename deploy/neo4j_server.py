@@ -79,7 +79,8 @@ class Neo4jServer:
         (self.conf_dir / "neo4j.conf").write_text("".join(f"{k}={v}\n" for k, v in self.settings().items()))
         if (self.folder / "data" / "databases" / "system").exists():
             return  # started before: the password is the system database's now
-        done = subprocess.run(self._java(neo4j_jars) + [ADMIN_CLASS, "dbms", "set-initial-password", self.password],
+        done = subprocess.run(self._java(neo4j_jars) + [ADMIN_CLASS, "dbms", "set-initial-password", "--",
+                                                       self.password],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                               env=self._tool_environment(), timeout=120)
         if done.returncode != 0:

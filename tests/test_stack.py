@@ -12,6 +12,7 @@ from neo4j.exceptions import AuthError
 
 from headwater.adapters.graph import driver
 from headwater.deploy import tools
+from headwater.deploy.neo4j_server import Neo4jServer
 from headwater.deploy.stack import Stack, StackError, free_port
 
 
@@ -137,3 +138,11 @@ def test_without_maven_stack_up_says_what_fetches_neo4j_and_stops_the_broker(tmp
             local.up()
     finally:
         assert local.down() == ["broker"]
+
+
+def test_a_password_that_starts_with_a_dash_is_set_as_the_password(tmp_path):
+    """The stack's generated password (``secrets.token_urlsafe``) starts with "-" one time in 64: Neo4j's admin
+    tool takes it as the password, not as an option (it once failed, printing its usage)."""
+    server = Neo4jServer(tmp_path / "graph", free_port(), free_port(), "-h-looks-like-an-option")
+    server.prepare(tools.neo4j())
+    assert (tmp_path / "graph" / "data" / "dbms" / "auth.ini").exists()
