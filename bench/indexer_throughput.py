@@ -7,7 +7,7 @@ topic, then runs the indexer until it has caught up. Figures:
 
 - ``graph_edges_per_s``: edges over the time spent in graph writes;
 - ``parquet_edges_per_s``: the Parquet path by itself (set index and files), the same
-  messages in the indexer's write sizes into a fresh shard; ``…_beside_graph``: edges
+  messages in the indexer's write sizes into a fresh shard, before the stack starts; ``…_beside_graph``: edges
   over the time the indexer spent writing the store while the graph was written in
   the other thread (the wait for the graph before each commit not counted; the two
   share the interpreter, so this is lower);
@@ -22,7 +22,7 @@ topic, then runs the indexer until it has caught up. Figures:
   (``shard_bytes_per_edge_before_drop``/``…_after_drop``: the shards' files on disk);
 - baselines from the same run, so the ratios hold on a noisy machine: graph writes as
   the indexer made them before batching (one per message, 2,000 rows per statement) on
-  ``--baseline-edges`` of the edges, and plain Parquet files of the same edges (no sets,
+  ``--baseline-edges`` of the edges, in one session, and plain Parquet files of the same edges (no sets,
   one file per write) for the store, and a plain Spark copy of the shards' edge files
   (read, shuffle by bucket, write) for compaction.
 
@@ -62,30 +62,32 @@ def publish(config, messages, partitions: int = 2) -> list[int]:
     return sizes
 
 
-def store_alone(folder: Path, messages, sizes: list[int]) -> float:
-    """Edges/s of the Parquet path by itself (set index and files), in the indexer's write sizes."""
+def store_alone(folder: Path, messages, sizes: list[int]) -> tuple[float, int]:
+    """Edges/s of the Parquet path by itself (set index and files), in the indexer's write sizes; and the
+    writes it made."""
     from headwater.core.schema import concat_lineage
     from headwater.indexer.service import WRITE_BYTES
     from headwater.indexer.shard import Shard
 
     shard = Shard(folder, "bench.edges", 0).open()
     started = time.monotonic()
-    first = 0
+    first = writes = 0
     while first < len(messages):
         last, size = first, sizes[first]
         while last + 1 < len(messages) and size + sizes[last + 1] <= WRITE_BYTES:
             last += 1
             size += sizes[last]
         shard.write(*concat_lineage(messages[first: last + 1]), first, last)
-        first = last + 1
-    return sum(e.num_rows for _, e in messages) / (time.monotonic() - started)
+        first, writes = last + 1, writes + 1
+    return sum(e.num_rows for _, e in messages) / (time.monotonic() - started), writes
 
 
 def baseline_graph(config, messages) -> float:
-    """Edges/s of one graph transaction per message, 2,000 rows a statement (the indexer before batching)."""
+    """Edges/s of one graph write per message, 2,000 rows a statement, in one session (the indexer before
+    batching and concurrent sessions)."""
     from headwater.indexer import graph
 
-    writer = graph.GraphWriter(config)
+    writer = graph.GraphWriter(config.with_overrides(graph_write_sessions=1))
     chunk, graph.CHUNK = graph.CHUNK, 2000
     try:
         writer.ensure_schema()
@@ -158,6 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the stack below is stopped
 
+    from headwater.core.schema import encode_lineage
     from headwater.deploy.stack import Stack, free_port
     from headwater.indexer.service import MAX_POLL_RECORDS, Indexer
 
@@ -166,17 +169,21 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="indexer-bench-") as tmp:
         home = Path(tmp)
+        started = time.monotonic()
+        messages = list(lineage_messages(args.edges, seed=1, edges_per_message=args.edges_per_message))
+        edges = sum(e.num_rows for _, e in messages)
+        rows = sum(n.num_rows for n, _ in messages)
+        say(f"generated {edges} edges, {rows} rows in {len(messages)} messages ({time.monotonic() - started:.1f}s)")
+        # The Parquet path by itself before any server starts (a loaded Neo4j samples its indexes and
+        # checkpoints in the background), and plain files of the same edges in as many writes.
+        parquet_alone, alone_writes = store_alone(home / "alone", messages, [len(encode_lineage(*m)) for m in messages])
+        parquet_baseline = baseline_parquet(home / "plain", messages, max(1, len(messages) // alone_writes))
+        say(f"Parquet path alone: {parquet_alone:.0f} edges/s (plain files: {parquet_baseline:.0f})")
         stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
         stack.up()
         try:
             config = stack.config().with_overrides(store_dir=str(home / "store"), edges_topic="bench.edges",
                                                    log_topic="bench.log", dlq_topic="bench.dlq")
-            started = time.monotonic()
-            messages = list(lineage_messages(args.edges, seed=1, edges_per_message=args.edges_per_message))
-            edges = sum(e.num_rows for _, e in messages)
-            rows = sum(n.num_rows for n, _ in messages)
-            say(f"generated {edges} edges, {rows} rows in {len(messages)} messages "
-                f"({time.monotonic() - started:.1f}s)")
             sizes = publish(config, messages)
             payload_bytes = sum(sizes)
             say(f"published {payload_bytes / 1e6:.1f} MB")
@@ -199,8 +206,6 @@ def main() -> None:
             store_bytes = sum(p.stat().st_size for p in (home / "store").rglob("*") if p.is_file())
             edge_files = sum(p.stat().st_size for p in (home / "store").rglob("edges/bucket=*/*.parquet"))
             writes = max(1, len(list((home / "store").rglob("commits/*.json"))))
-            parquet_baseline = baseline_parquet(home / "plain", messages, max(1, len(messages) // writes))
-            parquet_alone = store_alone(home / "alone", messages, sizes)
             compaction = compaction_figures(home / "store", config.edges_topic)
         finally:
             stack.down()

@@ -95,3 +95,19 @@ def lineage_messages(edges: int, seed: int = 0, edges_per_message: int = 5000,
         yield pa.concat_tables(nodes), message_edges
         left -= message_edges.num_rows
         batch += 1
+
+
+def chain_messages(chains: int, hops: int, seed: int = 0) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """Lineage through ``hops`` queries in a row, one message per hop: ``chains`` Kafka records, each the start
+    of a path of ``hops`` edges (query ``hop<h>`` reads hop ``h - 1``'s output rows). Each path is a component
+    as long as it is deep: the shape whose rounds grow with depth (a component's diameter)."""
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(-(1 << 62), 1 << 62, chains)
+    read = _nodes(rows, "source", "kafka:orders", topic=["orders"] * chains,
+                  partition=np.zeros(chains, np.int32), offset=np.arange(chains))
+    for hop in range(1, hops + 1):
+        query = f"hop{hop}"
+        out = rng.integers(-(1 << 62), 1 << 62, chains)
+        written = _nodes(out, "output", query, query=[query] * chains, batch=np.zeros(chains, np.int64))
+        yield pa.concat_tables([read, written]), _edges(rows, out, query, 0, 3, 1)
+        rows, read = out, written

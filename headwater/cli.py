@@ -233,8 +233,10 @@ def drain(ctx: click.Context, idle: float) -> None:
 @main.command("compact")
 @click.option("--threshold", type=int, default=None, help="Most rows a connected set holds (default 100,000).")
 @click.option("--buckets", type=int, default=None, help="Edge buckets of the generation (default 64).")
+@click.option("--components", metavar="ALGORITHM", default=None,
+              help="How connected components are found: large-star (the default) or graphx (indexer/README.md).")
 @click.pass_context
-def compact(ctx: click.Context, threshold: int | None, buckets: int | None) -> None:
+def compact(ctx: click.Context, threshold: int | None, buckets: int | None, components: str | None) -> None:
     """Recompute the connected sets of the Parquet store on Spark and switch to them (a new generation)."""
     from pyspark.sql import SparkSession
 
@@ -244,9 +246,14 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None) -> N
     config = _config(ctx)
     if threshold is not None and threshold < 1 or buckets is not None and buckets < 1:
         _fail("--threshold and --buckets must be at least 1")
+    try:
+        compaction.components_algorithm(components or compaction.DEFAULT_COMPONENTS)  # before Spark starts
+    except ValueError as exc:
+        _fail(str(exc))
     running = SparkSession.getActiveSession()  # a caller's session is used, and left running
     spark = running or spark_session("headwater-compact")
-    options = {k: v for k, v in (("threshold", threshold), ("buckets", buckets)) if v is not None}
+    options = {k: v for k, v in (("threshold", threshold), ("buckets", buckets), ("components", components))
+               if v is not None}
     try:
         manifest = compaction.compact(spark, config.store_path(), config.edges_topic,
                                       say=lambda s: click.echo(s, err=True), **options)

@@ -13,16 +13,28 @@ since (``generation.snapshot``), and:
    dependencies as a new generation, and switches to it atomically
    (``generation.py``).
 
-No GraphFrames jar can be installed here, so components are found with DataFrames
-alone, by large-star / small-star (Kiveris et al., 2014). Each round alternates:
+Components are found one of two ways, named in ``COMPONENTS`` (``compact(components=…)``, ``headwater
+compact --components``; the manifest records which ran), both exact and both naming a component by its
+smallest rid, the name ``sets.components`` gives. GraphFrames' ``connectedComponents`` cannot be used: this
+machine's Maven Central mirror serves no ``io.graphframes:graphframes-spark4_2.13`` (all versions refused,
+2026-12-03).
 
-- large-star: every node links its larger neighbours to the smallest node of its
-  neighbourhood (itself included);
-- small-star: every node links itself and its smaller neighbours to the smallest of
-  them;
+- ``large-star``, with DataFrames alone (Kiveris et al., 2014). Each round alternates large-star (every node
+  links its larger neighbours to the smallest node of its neighbourhood, itself included) and small-star
+  (every node links itself and its smaller neighbours to the smallest of them) until a round changes no
+  edge; then every node points at its component's smallest node. O(log² n) rounds whatever the depth,
+  each a few shuffles of the whole edge set.
+- ``graphx``: Spark's own GraphX (``spark-graphx``, in pyspark's jars), its ``connectedComponents`` through
+  py4j: Pregel rounds that send each vertex the smallest id (a signed long, as rids are) its neighbours
+  hold. One round per step of the longest shortest path in a component: cheap rounds, but as many as
+  the deepest lineage is long. Its cached graphs are freed once the labels are read out.
 
-until a round changes no edge. Then every node points at its component's smallest
-node, the same name ``sets.components`` gives (a component's smallest rid).
+``DEFAULT_COMPONENTS`` stays ``large-star``, by ``bench/compaction_components.py`` and the tests (indexer/README.md
+has the figures and the command): GraphX found the bench workload's components (1M edges) 8.7× faster (the whole
+compaction 5.6×, the same sets) and was as fast on chains 100 hops deep, but on 300-hop chains in a 1 GB driver
+it ran out of heap after 600 s (Pregel's lineage grows a step a round, unchecked), where large-star takes
+seconds. A compaction that fails on a deep stream is worse than a slow one: ``graphx`` is for lineage known
+to be shallow.
 """
 
 from __future__ import annotations
@@ -81,8 +93,7 @@ def _small_star(pairs: DataFrame) -> DataFrame:
             .where(F.col("u") != F.col("v")).distinct())
 
 
-def components(edges: DataFrame, src: str = "src", dst: str = "dst") -> DataFrame:
-    """``(rid, component)`` for every rid of ``edges``: its component's smallest rid."""
+def _large_star_components(edges: DataFrame, src: str, dst: str) -> DataFrame:
     pairs = (edges.select(F.least(src, dst).alias("u"), F.greatest(src, dst).alias("v"))
              .where(F.col("u") != F.col("v")).distinct().localCheckpoint())
     nodes = edges.select(F.col(src).alias("rid")).unionByName(edges.select(F.col(dst).alias("rid"))).distinct()
@@ -97,6 +108,54 @@ def components(edges: DataFrame, src: str = "src", dst: str = "dst") -> DataFram
     smallest = pairs.groupBy("u").agg(F.min("v").alias("component"))
     return (nodes.join(smallest, nodes.rid == smallest.u, "left")
             .select("rid", F.coalesce("component", "rid").alias("component")))
+
+
+def _graphx_components(edges: DataFrame, src: str, dst: str) -> DataFrame:
+    """GraphX's ``connectedComponents`` through py4j: a vertex's component is the smallest vertex id (a signed
+    long) of its component, as ``sets.components`` names it."""
+    spark = edges.sparkSession
+    jvm = spark._jvm
+    encoders = jvm.org.apache.spark.sql.Encoders
+    pair = encoders.tuple(encoders.scalaLong(), encoders.scalaLong())
+    # GraphX keeps its input's partitions: two per core (4 on this machine's 2) ran faster than fewer (issue 47).
+    parts = 2 * spark.sparkContext.defaultParallelism
+    tuples = edges.select(F.col(src).cast("long"), F.col(dst).cast("long")).repartition(parts)
+    level = jvm.org.apache.spark.storage.StorageLevel.MEMORY_AND_DISK()
+    int_tag = getattr(getattr(jvm.scala.reflect, "ClassTag$"), "MODULE$").Int()
+    none = getattr(getattr(jvm.scala, "None$"), "MODULE$")  # no partition strategy: edges stay as they came
+    graph = jvm.org.apache.spark.graphx.Graph.fromEdgeTuples(
+        getattr(tuples._jdf, "as")(pair).rdd(), 1, none, level, level, int_tag)
+    labelled = graph.ops().connectedComponents()
+    try:
+        found = DataFrame(spark._jsparkSession.createDataset(labelled.vertices(), pair).toDF(), spark)
+        return found.toDF("rid", "component").localCheckpoint()  # read out before GraphX's RDDs are freed
+    finally:
+        # GraphX caches its graphs' vertices and edges: freed here, or each compaction would keep them.
+        labelled.unpersist(False)
+        graph.unpersist(False)
+
+
+# How ``components`` finds weakly connected components, by name (``compact(components=…)``, ``headwater
+# compact --components``): both exact, both naming a component by its smallest rid (indexer/README.md).
+COMPONENTS: dict[str, Callable[[DataFrame, str, str], DataFrame]] = {
+    "large-star": _large_star_components,
+    "graphx": _graphx_components,
+}
+DEFAULT_COMPONENTS = "large-star"  # GraphX ran out of a 1 GB heap on 300-hop chains (indexer/README.md)
+
+
+def components_algorithm(name: str) -> Callable[[DataFrame, str, str], DataFrame]:
+    """The function ``COMPONENTS`` names ``name``; a ``ValueError`` that lists them for any other name."""
+    try:
+        return COMPONENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown components algorithm {name!r}: expected one of {', '.join(COMPONENTS)}") from None
+
+
+def components(edges: DataFrame, src: str = "src", dst: str = "dst",
+               algorithm: str = DEFAULT_COMPONENTS) -> DataFrame:
+    """``(rid, component)`` for every rid of ``edges``: its component's smallest rid, found by ``algorithm``."""
+    return components_algorithm(algorithm)(edges, src, dst)
 
 
 class CompactionBusy(RuntimeError):
@@ -130,9 +189,10 @@ def _split_large(threshold: int):
     return split
 
 
-def connected_sets(edges: DataFrame, rows: DataFrame, threshold: int) -> DataFrame:
-    """``(rid, set)`` for every rid of ``edges`` (``rows``: ``rid, dataset``)."""
-    labelled = components(edges).localCheckpoint()
+def connected_sets(edges: DataFrame, rows: DataFrame, threshold: int,
+                   algorithm: str = DEFAULT_COMPONENTS) -> DataFrame:
+    """``(rid, set)`` for every rid of ``edges`` (``rows``: ``rid, dataset``); ``algorithm`` finds the components."""
+    labelled = components(edges, algorithm=algorithm).localCheckpoint()
     sizes = labelled.groupBy("component").agg(F.count("*").alias("size"))
     small = (labelled.join(sizes.where(F.col("size") <= threshold), "component")
              .select("rid", F.col("component").alias("set")))
@@ -148,8 +208,12 @@ def connected_sets(edges: DataFrame, rows: DataFrame, threshold: int) -> DataFra
 
 
 def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: int = THRESHOLD,
-            buckets: int = BUCKETS, say: Callable[[str], None] = lambda _: None) -> dict:
+            buckets: int = BUCKETS, say: Callable[[str], None] = lambda _: None,
+            components: str = DEFAULT_COMPONENTS) -> dict:
     """Recompute the connected sets of ``topic`` and switch to them; returns the manifest.
+
+    ``components`` names how the weakly connected components are found (``COMPONENTS``); the manifest
+    records it.
 
     The input is the current generation and what the shards committed since it (its
     covers). Once the new generation is current, the shards drop the ranges the
@@ -157,6 +221,7 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
     them too.
     """
     started = time.monotonic()
+    components_algorithm(components)  # an unknown name fails before anything is read
     store_dir = Path(store_dir)
     root = generation.compacted_root(store_dir, topic)
     root.mkdir(parents=True, exist_ok=True)
@@ -189,9 +254,9 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         try:
             with _no_broadcast_joins(spark):
                 manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say,
-                                  distinct=bool(rebuilt or aside))
+                                  distinct=bool(rebuilt or aside), components=components)
             manifest.update(generation=number, topic=topic, covers={str(p): n for p, n in covers.items()},
-                            threshold=threshold, buckets=buckets,
+                            threshold=threshold, buckets=buckets, components=components,
                             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
             manifest["seconds"] = round(time.monotonic() - started, 3)
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -222,14 +287,17 @@ def _no_broadcast_joins(spark: SparkSession):
 
 
 def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out: Path, threshold: int,
-           buckets: int, say: Callable[[str], None], distinct: bool = False) -> dict:
+           buckets: int, say: Callable[[str], None], distinct: bool = False,
+           components: str = DEFAULT_COMPONENTS) -> dict:
     edges = spark.read.schema(STORE_DDL).parquet(*edge_files).select(*EDGE_COLUMNS)
     edges = (edges.distinct() if distinct else edges).localCheckpoint()
     # A rid recorded more than once (by two shards, or again after a drop) is one row.
     rows = (spark.read.schema(ROWS_DDL).parquet(*row_files)
             .groupBy("rid").agg(*[F.first(name, ignorenulls=True).alias(name) for name in ROW_FIELDS]))
-    sets = connected_sets(edges, rows, threshold).localCheckpoint()
-    say("sets found; writing the generation")
+    sets_started = time.monotonic()
+    sets = connected_sets(edges, rows, threshold, components).localCheckpoint()
+    sets_seconds = round(time.monotonic() - sets_started, 3)  # components and the large ones' splits
+    say(f"sets found ({components} components); writing the generation")
     src_sets = sets.select(F.col("rid").alias("src"), F.col("set").alias("src_set"))
     dst_sets = sets.select(F.col("rid").alias("dst"), F.col("set").alias("dst_set"))
     placed = (edges.join(src_sets, "src").join(dst_sets, "dst")
@@ -257,7 +325,7 @@ def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out
     counts = sets.groupBy("set").count()
     found = {"edges": placed.count(), "rows": sets.count(), "sets": counts.count(),
              "largest_set": counts.agg(F.max("count")).first()[0],
-             "dependencies": spark.read.parquet(str(out / "dependencies")).count()}
+             "dependencies": spark.read.parquet(str(out / "dependencies")).count(), "sets_seconds": sets_seconds}
     read = edges.count()
     if found["edges"] != read:  # every rid of an edge has a set; anything else is a bug, not a generation
         raise RuntimeError(f"compaction placed {found['edges']} edges of the {read} it read")

@@ -1,21 +1,30 @@
 """Idempotent writes of lineage rows and edges into the graph store, Neo4j 5.
 
-Plain Cypher: parameters always, no APOC (written first for ArcadeDB, the Bolt server the
-graph was before Neo4j could be fetched, whose measurements some notes below still quote).
-Rows are MERGEd before edges, and edges MATCH both ends by ``rid``: merging both ends and
-the relationship in one statement deadlocked on ArcadeDB for chained rows. Rows are
-idempotent by MERGE; edges as below.
+Plain Cypher: parameters always, no APOC. A write's rows go first, then its edges, each
+in ``Config.graph_write_sessions`` transactions at once (Neo4j runs a transaction on one
+worker thread, so one at a time left this machine's second core idle: indexer/README.md,
+Measured). Rows are split by rid, so no two transactions merge the same row; edges by
+their dst, so all the edges into one row commit together, which the replay check below
+relies on. Edges MATCH both ends by ``rid`` in transactions that start once the rows'
+have committed (an edge's ends must be visible to it). Rows are idempotent by MERGE;
+edges as below; a write cut short (a crash, a graph gone away) is written again whole,
+and what it had committed is then skipped or merged.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import json
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
+from headwater.core.offsets import read_ranges
+from headwater.core.rid import table_dataset
 
 SCHEMA_STATEMENTS = (
     "CREATE CONSTRAINT row_rid IF NOT EXISTS FOR (n:Row) REQUIRE n.rid IS UNIQUE",
@@ -23,6 +32,12 @@ SCHEMA_STATEMENTS = (
     # a batch's node is found by its query and number (MERGE_BATCH, BATCH_FIELDS) and a query's by its query
     # alone (GAPS_BETWEEN): one composite range index serves both, its first property leading
     "CREATE INDEX batch_key IF NOT EXISTS FOR (b:Batch) ON (b.query, b.batch)",
+    # Where the Cypher guide's questions start (indexer/README.md): a Kafka record, a query's sink rows (by query
+    # alone too), a static table's row. A composite index holds only the rows with all its properties, each
+    # written once, when its row is created.
+    "CREATE INDEX row_kafka IF NOT EXISTS FOR (n:Row) ON (n.topic, n.partition, n.offset)",
+    "CREATE INDEX row_batch IF NOT EXISTS FOR (n:Row) ON (n.query, n.batch)",
+    "CREATE INDEX row_key IF NOT EXISTS FOR (n:Row) ON (n.dataset, n.key)",
 )
 
 # A row's properties never change (its rid is derived from them), so only a new row gets
@@ -50,10 +65,12 @@ WRITTEN_OUTPUTS = (
     "MATCH (b:Row {rid: r.dst})<-[e:DERIVED]-() WHERE e.query = r.query AND e.batch = r.batch "
     "RETURN DISTINCT r.dst AS dst, r.query AS query, r.batch AS batch"
 )
+# One parameter map per output row (``_per_output``): its rid is looked up once, not once per edge
+# (an aggregate's row has up to thousands), and its edges' columns travel as lists.
 CREATE_EDGES = (
-    "UNWIND $rows AS r "
-    "MATCH (b:Row {rid: r.dst}) MATCH (a:Row {rid: r.src}) "
-    "CREATE (a)-[:DERIVED {query: r.query, batch: r.batch, op: r.op, exact: r.exact, cols: r.cols}]->(b)"
+    "UNWIND $rows AS g MATCH (b:Row {rid: g.dst}) "
+    "UNWIND range(0, size(g.src) - 1) AS i MATCH (a:Row {rid: g.src[i]}) "
+    "CREATE (a)-[:DERIVED {query: g.query, batch: g.batch, op: g.op[i], exact: g.exact[i], cols: g.cols[i]}]->(b)"
 )
 MERGE_EDGES_FROM_DST = (
     "UNWIND $rows AS r "
@@ -69,6 +86,24 @@ MERGE_EDGES_FROM_SRC = (
 )
 MERGE_DATASET = "MERGE (d:Dataset {name: $name}) SET d += $props"
 MERGE_BATCH = "MERGE (b:Batch {query: $query, batch: $batch}) SET b += $props"
+
+
+def _batch_links(relationship: str, which: str) -> str:
+    """A statement replacing a batch's ``relationship`` links that ``which`` (a condition on ``old``) selects by
+    ``$links`` (``batch_graph``'s): the later record of a field wins, as in the batch log."""
+    return ("MATCH (b:Batch {query: $query, batch: $batch}) "
+            f"OPTIONAL MATCH (b)-[old:{relationship}]->() WHERE {which} DELETE old "
+            "WITH DISTINCT b UNWIND $links AS l "
+            "MERGE (d:Dataset {name: l.dataset}) ON CREATE SET d.source = l.source "
+            f"CREATE (b)-[e:{relationship}]->(d) SET e = l.props")
+
+
+# Per field of the log record that carries them; a static table's READs are those with a ``version``.
+BATCH_LINKS = {
+    "sources": _batch_links("READ", "old.version IS NULL"),
+    "tables": _batch_links("READ", "old.version IS NOT NULL"),
+    "sink_offsets": _batch_links("WROTE", "true"),
+}
 BATCH_FIELDS = (
     "UNWIND $pairs AS p "
     "MATCH (b:Batch {query: p.query, batch: p.batch}) "
@@ -88,12 +123,35 @@ def _rows(table: pa.Table) -> list[dict]:
     return [{k: v for k, v in row.items() if v is not None} for row in table.to_pylist()]
 
 
+def _flat(table: pa.Table) -> list[list[dict]]:
+    """A statement's parameters: ``table``'s rows, ``CHUNK`` at a time."""
+    rows = _rows(table)
+    return [rows[i: i + CHUNK] for i in range(0, len(rows), CHUNK)]
+
+
+def _per_output(edges: pa.Table) -> list[list[dict]]:
+    """``CREATE_EDGES``' parameters: one map per output row (its rid, query and batch, and its edges'
+    ``src``, ``op``, ``exact``, ``cols`` as lists), about ``CHUNK`` edges at a time."""
+    columns = ("src", "op", "exact", "cols")
+    grouped = edges.group_by(["dst", "query", "batch"], use_threads=False).aggregate([(c, "list") for c in columns])
+    chunks, chunk, size = [], [], 0
+    for row in grouped.rename_columns([c.removesuffix("_list") for c in grouped.column_names]).to_pylist():
+        if chunk and size + len(row["src"]) > CHUNK:
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(row)
+        size += len(row["src"])
+    return chunks + ([chunk] if chunk else [])
+
+
 class GraphWriter:
     def __init__(self, config: Config):
         self.config = config
         self._driver = driver(config)
+        self._pool = ThreadPoolExecutor(config.graph_write_sessions, thread_name_prefix="headwater-graph-write")
 
     def close(self) -> None:
+        self._pool.shutdown()
         self._driver.close()
 
     def _session(self):
@@ -105,46 +163,170 @@ class GraphWriter:
                 s.run(statement).consume()
 
     def write_lineage(self, nodes: pa.Table, edges: pa.Table) -> int:
-        """Write rows and edges in one transaction; returns the edges written (not skipped as written before)."""
+        """Write rows, then edges, each in concurrent transactions; returns the edges written (not skipped
+        as written before)."""
+        # An exact edge has no ``exact`` property (one property fewer on nearly every edge: 15% more edges/s
+        # measured), an edge of a superset ``exact: false``.
+        edges = edges.set_column(edges.schema.get_field_index("exact"), "exact",
+                                 pc.if_else(edges["exact"], pa.scalar(None, pa.bool_()), False))
         outputs = nodes.filter(pc.equal(nodes["kind"], "output"))["rid"]
         into_output = pc.is_in(edges["dst"], outputs)
         fresh, others = edges.filter(into_output), edges.filter(pc.invert(into_output))
         from_state = pc.is_in(others["src"], nodes.filter(pc.equal(nodes["kind"], "state"))["rid"])
-        from_states, from_rows = others.filter(from_state), others.filter(pc.invert(from_state))
-        groups = fresh.group_by(["dst", "query", "batch"], use_threads=False).aggregate([])
-        node_rows = _rows(nodes)
+        todo = self._not_written(fresh)
+        self._concurrently([[(MERGE_ROWS, _flat, part)] for part in self._split(nodes, "rid")])
+        by_dst = zip(*(self._split(table, "dst") for table in (todo, others.filter(from_state),
+                                                              others.filter(pc.invert(from_state)))))
+        self._concurrently([[(CREATE_EDGES, _per_output, into_outputs), (MERGE_EDGES_FROM_DST, _flat, from_states),
+                             (MERGE_EDGES_FROM_SRC, _flat, from_rows)]
+                            for into_outputs, from_states, from_rows in by_dst])
+        return todo.num_rows + others.num_rows
 
-        def work(tx) -> int:
-            written = set()
-            for i in range(0, groups.num_rows, CHUNK):
-                rows = groups.slice(i, CHUNK).to_pylist()
-                written.update((r["dst"], r["query"], r["batch"]) for r in tx.run(WRITTEN_OUTPUTS, rows=rows))
-            todo = fresh
-            if written:
-                keys = [f"{d}|{q}|{b}" for d, q, b in written]
-                mine = pc.binary_join_element_wise(pc.cast(fresh["dst"], pa.string()), fresh["query"],
-                                                   pc.cast(fresh["batch"], pa.string()), "|")
-                todo = fresh.filter(pc.invert(pc.is_in(mine, pa.array(keys))))
-            for i in range(0, len(node_rows), CHUNK):
-                tx.run(MERGE_ROWS, rows=node_rows[i: i + CHUNK]).consume()
-            for statement, table in ((CREATE_EDGES, todo), (MERGE_EDGES_FROM_DST, from_states),
-                                     (MERGE_EDGES_FROM_SRC, from_rows)):
-                edge_rows = _rows(table)
-                for i in range(0, len(edge_rows), CHUNK):
-                    tx.run(statement, rows=edge_rows[i: i + CHUNK]).consume()
-            return todo.num_rows + others.num_rows
+    def _not_written(self, fresh: pa.Table) -> pa.Table:
+        """The edges into output rows but those of rows that already have edges of the same query and batch."""
+        groups = fresh.group_by(["dst", "query", "batch"], use_threads=False).aggregate([])
+
+        def read(tx) -> set:
+            return {(r["dst"], r["query"], r["batch"]) for i in range(0, groups.num_rows, CHUNK)
+                    for r in tx.run(WRITTEN_OUTPUTS, rows=groups.slice(i, CHUNK).to_pylist())}
 
         with self._session() as s:
-            return s.execute_write(work)
+            written = s.execute_read(read) if groups.num_rows else set()
+        if not written:
+            return fresh
+        keys = [f"{d}|{q}|{b}" for d, q, b in written]
+        mine = pc.binary_join_element_wise(pc.cast(fresh["dst"], pa.string()), fresh["query"],
+                                           pc.cast(fresh["batch"], pa.string()), "|")
+        return fresh.filter(pc.invert(pc.is_in(mine, pa.array(keys))))
+
+    def _split(self, table: pa.Table, column: str) -> list[pa.Table]:
+        """``table`` in ``graph_write_sessions`` parts by ``column``'s rid (rids are hashes: even parts)."""
+        sessions = self.config.graph_write_sessions
+        part = np.asarray(table[column].to_numpy() % sessions)
+        return [table.filter(pa.array(part == i)) for i in range(sessions)]
+
+    def _concurrently(self, transactions: list[list[tuple[str, Callable, pa.Table]]]) -> None:
+        """Each transaction's statements, ``(statement, parameters, table)`` (``parameters(table)``: the
+        ``$rows`` of each run of the statement), in a session of its own, all at once; returns when all have
+        ended, raising the first failure (none is left running behind it)."""
+        def run(statements) -> None:
+            params = [(statement, parameters(table)) for statement, parameters, table in statements if table.num_rows]
+            if not params:
+                return
+
+            def work(tx) -> None:
+                for statement, chunks in params:
+                    for rows in chunks:
+                        tx.run(statement, rows=rows).consume()
+
+            with self._session() as s:
+                s.execute_write(work)
+
+        done, _ = wait([self._pool.submit(run, statements) for statements in transactions])
+        for future in done:
+            future.result()
 
     def write_dataset(self, name: str, props: dict) -> None:
         with self._session() as s:
             s.execute_write(lambda tx: tx.run(MERGE_DATASET, {"name": name, "props": props}).consume())
 
-    def write_batch(self, query: str, batch: int, props: dict) -> None:
+    def write_batch(self, query: str, batch: int, fields: dict) -> None:
+        """One log record's fields of a batch (nested, as logged) onto its ``(:Batch)`` node and links
+        (``batch_graph``), in one transaction."""
+        props, links = batch_graph(fields)
+
+        def work(tx) -> None:  # parameters as a map: ``run``'s first argument is called ``query``
+            tx.run(MERGE_BATCH, {"query": query, "batch": batch, "props": props}).consume()
+            for field, found in links.items():
+                tx.run(BATCH_LINKS[field], {"query": query, "batch": batch, "links": found}).consume()
+
         with self._session() as s:
-            params = {"query": query, "batch": batch, "props": props}
-            s.execute_write(lambda tx: tx.run(MERGE_BATCH, params).consume())
+            s.execute_write(work)
+
+
+def batch_graph(fields: dict) -> tuple[dict, dict[str, list[dict]]]:
+    """A batch's log fields (``capture/listener.py``'s progress record, ``capture/tracer.py``'s batch record) as
+    the graph holds them (indexer/README.md, Cypher guide): ``(properties of the Batch node, {field: links})``.
+
+    Scalars stay as they are; ``durations_ms`` becomes one ``<Spark's key>_ms`` property each; a list of
+    scalars (``sink_files``) a list. ``sources`` becomes a ``READ`` link per Kafka topic-partition read (its
+    offsets ``[start_offset, end_offset)``, as ``offsets.read_ranges``) into ``(:Dataset {name: 'kafka:TOPIC'})``,
+    the name rows of the topic carry, and per other source one into the dataset of its Spark description, its
+    offsets' fields as ``start_<field>``/``end_<field>``; ``tables`` a ``READ {version}`` into the table's
+    dataset; ``sink_offsets`` a ``WROTE`` link per topic-partition. Anything else nested is JSON text.
+    """
+    props, links = {}, {}
+    for name, value in fields.items():
+        if name in BATCH_LINKS:
+            links[name] = _LINKS_OF[name](value or {})
+        elif name == "durations_ms":
+            props.update({f"{key}_ms": ms for key, ms in (value or {}).items() if ms is not None})
+        elif isinstance(value, (int, float, str, bool)) or _scalars(value):
+            props[name] = value
+        else:
+            props[name] = json.dumps(value, sort_keys=True)
+    return props, links
+
+
+def _scalars(value) -> bool:
+    """A list of scalars of one type, which a property holds as it is."""
+    return isinstance(value, list) and bool(value) and len({type(v) for v in value}) == 1 \
+        and isinstance(value[0], (int, float, str, bool))
+
+
+def _source_reads(sources: list[dict]) -> list[dict]:
+    reads = []
+    for source in sources:
+        described = {"source": source["description"]} if source.get("description") else {}
+        if _kafka_offsets(source.get("end")):
+            reads += [{"dataset": f"kafka:{topic}", "source": "kafka",
+                       "props": {**described, "topic": topic, "partition": partition,
+                                 "start_offset": start, "end_offset": end}}
+                      for (topic, partition), (start, end) in sorted(read_ranges(source.get("start"),
+                                                                                 source.get("end")).items())]
+        else:
+            name = source.get("description") or "stream"
+            props = {"source": name, **_offset_fields("start", source.get("start")),
+                     **_offset_fields("end", source.get("end"))}
+            if source.get("rows_in") is not None:
+                props["rows_in"] = source["rows_in"]
+            reads.append({"dataset": name, "source": "stream", "props": props})
+    return reads
+
+
+def _kafka_offsets(value) -> bool:
+    """Whether a source's offsets are a Kafka source's (``offsets.partition_offsets``' two forms)."""
+    if not isinstance(value, dict) or not value:
+        return False
+    return all(isinstance(v, dict) for v in value.values()) or all(":" in k and isinstance(v, int)
+                                                                  for k, v in value.items())
+
+
+def _offset_fields(end: str, value) -> dict:
+    """A non-Kafka source's ``start`` or ``end`` offsets as properties: ``end_logOffset`` of a file source's."""
+    if value is None:
+        return {}
+    if isinstance(value, (int, float, str, bool)):
+        return {f"{end}_offset": value}
+    if isinstance(value, dict) and all(isinstance(v, (int, float, str, bool)) for v in value.values()):
+        return {f"{end}_{key}": v for key, v in value.items()}
+    return {end: json.dumps(value, sort_keys=True)}
+
+
+def _table_reads(tables: dict) -> list[dict]:
+    # no ``source``: the table's node is the plan record's to describe (``service._dataset_props``)
+    return [{"dataset": table_dataset(location), "source": None, "props": {"version": version}}
+            for location, version in sorted(tables.items())]
+
+
+def _sink_writes(offsets: dict) -> list[dict]:
+    return [{"dataset": f"kafka:{topic}", "source": "kafka",
+             "props": {"topic": topic, "partition": int(partition), "start_offset": span[0], "end_offset": span[1]}}
+            for topic, partitions in sorted(offsets.items())
+            for partition, span in sorted(partitions.items(), key=lambda kv: int(kv[0]))]
+
+
+_LINKS_OF = {"sources": _source_reads, "tables": _table_reads, "sink_offsets": _sink_writes}
 
 
 def batch_statuses(graph, pairs: Iterable[tuple[str, int]], database: str | None = None) -> dict:

@@ -320,11 +320,8 @@ class Indexer:
                                   "state": record.get("state", []), "black_boxes": record.get("black_boxes", [])})
         elif record["schema"] in (LOG_BATCH, LOG_PROGRESS):
             fields = {k: v for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}
-            # Both halves of a batch's log entry land on one Batch node; nested values
-            # (source offsets, durations) as JSON text, since properties are flat.
-            props = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v, sort_keys=True)
-                     for k, v in fields.items()}
-            self.graph.write_batch(record["query"], int(record["batch"]), props)
+            # Both halves of a batch's log entry land on one Batch node and its links (graph.batch_graph).
+            self.graph.write_batch(record["query"], int(record["batch"]), fields)
             self.batch_log.append_batch(partition, offset, record["query"], int(record["batch"]), fields)
 
     def run(self, drain: bool = False, idle_s: float = 3.0, max_seconds: float | None = None) -> IndexerStats:

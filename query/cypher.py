@@ -28,6 +28,8 @@ _FROM = ("MATCH ({near}:Row) WHERE {near}.rid = $rid OPTIONAL MATCH (a:Row)-[e:D
          + ", " + _EDGE_FIELDS)
 _ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
 _CHUNK = 5000  # rids per statement
+# A static table's description: the graph's other datasets (the Kafka topics and streams batches read) are not.
+_STATIC_DATASETS = "MATCH (d:Dataset) WHERE d.source = 'static'"
 # How long a batch's logged capture status is taken as read before the graph is asked again: questions about
 # the rows of the same few batches (an explorer's page asks three of each) then cost one round trip fewer,
 # and a status logged anew (a batch run again after a restart) shows within this. Batches with no status yet
@@ -106,8 +108,8 @@ class CypherBackend(WalkingBackend):
         return {pair: fields["at"] for pair, fields in found.items()}
 
     def datasets(self) -> dict[str, dict]:
-        return {row["p"]["name"]: row["p"] for row in self._run("MATCH (d:Dataset) RETURN properties(d) AS p")}
+        return {row["p"]["name"]: row["p"] for row in self._run(_STATIC_DATASETS + " RETURN properties(d) AS p")}
 
     def dataset(self, name: str) -> dict | None:
-        rows = self._run("MATCH (d:Dataset {name: $name}) RETURN properties(d) AS p", name=name)
+        rows = self._run(_STATIC_DATASETS + " AND d.name = $name RETURN properties(d) AS p", name=name)
         return rows[0]["p"] if rows else None

@@ -19,7 +19,7 @@ from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import CAPTURE_STATUSES, LOG_BATCH, LOG_PLAN, LOG_PROGRESS, encode_log
 from headwater.indexer.batch_log import RUN_RECORDS, BatchLog, BatchLogWriter, partition_root
-from headwater.indexer.graph import GraphWriter, batch_statuses
+from headwater.indexer.graph import GraphWriter, batch_graph, batch_statuses
 from headwater.indexer.service import Indexer
 from headwater.query import cypher
 from headwater.query.cypher import CypherBackend
@@ -327,17 +327,27 @@ def test_the_store_and_the_graph_give_the_same_gap_map(config):
         with d.session(database=config.graph_database) as s:
             nodes = {(r["p"]["query"], r["p"]["batch"]): r["p"] for r in s.run(
                 "MATCH (b:Batch) WHERE b.query IN $queries RETURN properties(b) AS p", queries=queries)}
+            reads = {}
+            for r in s.run("MATCH (b:Batch)-[r:READ]->(d:Dataset) WHERE b.query IN $queries "
+                           "RETURN b.query AS query, b.batch AS batch, d.name AS name, properties(r) AS p",
+                           queries=queries):
+                reads.setdefault((r["query"], r["batch"]), []).append({"dataset": r["name"], **r["p"]})
             assert batch_statuses(s, [(queries[1], 8), (queries[1], 99)]) == {(queries[1], 8): expected[(queries[1], 8)],
                                                                                (queries[1], 99): None}
     assert graph == expected
     assert log.statuses(pairs) == expected
-    # Every field of every batch as the graph has it (where nested values are JSON text).
+    # Every field of every batch as the graph has it (graph.batch_graph: durations as properties, sources
+    # as READ links to their datasets), also after the records of one batch were merged in any order.
     assert len(nodes) == 4 * 30
     for (query, batch), node in nodes.items():
         stored = log.batch(query, batch)
-        assert {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v, sort_keys=True)
-                for k, v in stored.items()} == node
+        props, links = batch_graph({k: v for k, v in stored.items() if k not in ("query", "batch")})
+        assert {**props, "query": query, "batch": batch} == node and node["addBatch_ms"] == 3
         assert stored["sources"] == [{"start": None, "end": {"t": {"0": batch}}}]
+        assert reads.get((query, batch), []) == [{"dataset": "kafka:t", "topic": "t",
+                                                  "partition": 0, "start_offset": 0, "end_offset": batch}][:batch]
+        assert [{"dataset": link["dataset"], **link["props"]} for link in links["sources"]] == reads.get(
+            (query, batch), [])
     stored = log.batch(queries[1], 8)
     backend = CypherBackend(config)
     try:

@@ -15,10 +15,10 @@ import pyarrow.dataset as ds
 import pytest
 from click.testing import CliRunner
 
-from bench.workload import lineage_messages
+from bench.workload import chain_messages, lineage_messages
 from headwater.cli import main
 from headwater.indexer import metrics
-from headwater.indexer.compaction import CompactionBusy, compact
+from headwater.indexer.compaction import COMPONENTS, CompactionBusy, compact
 from headwater.indexer.generation import Generation, compacted_root
 from headwater.indexer.sets import components
 from headwater.indexer.shard import Shard, shard_root
@@ -28,7 +28,8 @@ from .test_shard import pairs
 
 
 @pytest.mark.spark
-def test_spark_components_equal_numpy_components(spark):
+@pytest.mark.parametrize("algorithm", sorted(COMPONENTS))
+def test_spark_components_equal_numpy_components(spark, algorithm):
     from headwater.indexer.compaction import components as spark_components
 
     for seed in range(3):
@@ -38,9 +39,39 @@ def test_spark_components_equal_numpy_components(spark):
         src = np.concatenate([src, chain[:-1]])
         dst = np.concatenate([dst, chain[1:]])
         df = spark.createDataFrame([(int(a), int(b)) for a, b in zip(src, dst)], "src long, dst long")
-        got = {r.rid: r.component for r in spark_components(df).collect()}
+        got = {r.rid: r.component for r in spark_components(df, algorithm=algorithm).collect()}
         rids, labels = components(src, dst)
         assert got == dict(zip(rids.tolist(), labels.tolist()))
+    # GraphX caches its graphs' vertices and edges (RDDs it names so); repeated compactions must not keep them.
+    cached = spark.sparkContext._jsc.getPersistentRDDs()
+    assert not [n for n in (str(cached.get(k).name()) for k in cached.keySet().toArray()) if "RDD" in n]
+
+
+def test_an_unknown_components_algorithm_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="expected one of large-star, graphx"):
+        compact(None, tmp_path, "t.edges", components="graphframes")  # before Spark is used
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--components", "pregel"],
+                                env={"HEADWATER_STORE_DIR": str(tmp_path)})
+    assert result.exit_code == 2 and "unknown components algorithm 'pregel'" in result.output
+
+
+@pytest.mark.spark
+def test_both_components_algorithms_compact_to_the_same_sets(spark, tmp_path):
+    # The bench workload (a hub split by Algorithm 3, components of small diameter) and chains of 100 rows, the
+    # case where GraphX needs a round per hop; each algorithm on its own copy of one store.
+    messages = list(lineage_messages(6_000, seed=8, edges_per_message=1000)) + list(chain_messages(3, 99, seed=9))
+    produced = write_shards(tmp_path / "store", "t.edges", messages)
+    mappings = {}
+    for algorithm in sorted(COMPONENTS):
+        shutil.copytree(tmp_path / "store", tmp_path / algorithm)
+        manifest = compact(spark, tmp_path / algorithm, "t.edges", threshold=400, buckets=4, components=algorithm)
+        assert manifest["components"] == algorithm and manifest["edges"] == len(produced)
+        rows = ds.dataset(Generation.current(tmp_path / algorithm, "t.edges").path / "rows").to_table()
+        mappings[algorithm] = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
+    first, *others = mappings.values()
+    assert all(other == first for other in others)
+    chain = [r for n, _ in messages[-99:] for r in n["rid"].to_pylist()]
+    assert len({first[r] for r in chain}) == 3 and len(set(first.values())) > 10  # 3 chains; the hub was split
 
 
 def write_shards(store_dir, topic: str, messages, partitions: int = 2, shards=None) -> list[tuple[int, int]]:

@@ -46,6 +46,7 @@ class Config:
     graph_user: str = "neo4j"
     graph_password: str = field(default="", repr=False)
     graph_database: str = "lineage"
+    graph_write_sessions: int = 4  # transactions at once in each indexer write (indexer/graph.py)
     metrics_port: int = 0  # capture's Prometheus endpoint; 0: none
     # Where every Prometheus endpoint headwater opens listens (capture's, the indexer's): loopback unless
     # a scraper elsewhere must reach it (the Helm chart sets 0.0.0.0).
@@ -66,8 +67,9 @@ class Config:
     def __post_init__(self):
         if self.capture not in CAPTURE_LEVELS:
             raise ValueError(f"capture={self.capture!r}: expected one of {', '.join(CAPTURE_LEVELS)}")
-        if self.topic_partitions < 1 or self.topic_replication < 1:
-            raise ValueError("topic_partitions and topic_replication must be at least 1")
+        for name in ("topic_partitions", "topic_replication", "graph_write_sessions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (not {getattr(self, name)})")
         _check_kafka_security(self)
 
     @classmethod
