@@ -190,8 +190,8 @@ class GraphWriter:
             return {(r["dst"], r["query"], r["batch"]) for i in range(0, groups.num_rows, CHUNK)
                     for r in tx.run(WRITTEN_OUTPUTS, rows=groups.slice(i, CHUNK).to_pylist())}
 
-        with self._session() as s:
-            written = s.execute_read(read) if groups.num_rows else set()
+        with self._session() as s:  # on a cluster, from the leader: a follower may not hold the last writes yet
+            written = s.execute_write(read) if groups.num_rows else set()
         if not written:
             return fresh
         keys = [f"{d}|{q}|{b}" for d, q, b in written]
