@@ -129,13 +129,18 @@ def _flat(table: pa.Table) -> list[list[dict]]:
     return [rows[i: i + CHUNK] for i in range(0, len(rows), CHUNK)]
 
 
-def _per_output(edges: pa.Table) -> list[list[dict]]:
-    """``CREATE_EDGES``' parameters: one map per output row (its rid, query and batch, and its edges'
-    ``src``, ``op``, ``exact``, ``cols`` as lists), about ``CHUNK`` edges at a time."""
+def _per_output(edges: pa.Table) -> pa.Table:
+    """Edges into output rows, one row per output row: its rid, query and batch, and its edges' ``src``, ``op``,
+    ``exact``, ``cols`` as lists (``CREATE_EDGES``' shape)."""
     columns = ("src", "op", "exact", "cols")
     grouped = edges.group_by(["dst", "query", "batch"], use_threads=False).aggregate([(c, "list") for c in columns])
+    return grouped.rename_columns([c.removesuffix("_list") for c in grouped.column_names])
+
+
+def _in_chunks(outputs: pa.Table) -> list[list[dict]]:
+    """``CREATE_EDGES``' parameters: ``_per_output``'s rows as maps, about ``CHUNK`` edges at a time."""
     chunks, chunk, size = [], [], 0
-    for row in grouped.rename_columns([c.removesuffix("_list") for c in grouped.column_names]).to_pylist():
+    for row in outputs.to_pylist():
         if chunk and size + len(row["src"]) > CHUNK:
             chunks.append(chunk)
             chunk, size = [], 0
@@ -173,31 +178,29 @@ class GraphWriter:
         into_output = pc.is_in(edges["dst"], outputs)
         fresh, others = edges.filter(into_output), edges.filter(pc.invert(into_output))
         from_state = pc.is_in(others["src"], nodes.filter(pc.equal(nodes["kind"], "state"))["rid"])
-        todo = self._not_written(fresh)
+        todo = self._not_written(_per_output(fresh))
         self._concurrently([[(MERGE_ROWS, _flat, part)] for part in self._split(nodes, "rid")])
         by_dst = zip(*(self._split(table, "dst") for table in (todo, others.filter(from_state),
                                                               others.filter(pc.invert(from_state)))))
-        self._concurrently([[(CREATE_EDGES, _per_output, into_outputs), (MERGE_EDGES_FROM_DST, _flat, from_states),
+        self._concurrently([[(CREATE_EDGES, _in_chunks, into_outputs), (MERGE_EDGES_FROM_DST, _flat, from_states),
                              (MERGE_EDGES_FROM_SRC, _flat, from_rows)]
                             for into_outputs, from_states, from_rows in by_dst])
-        return todo.num_rows + others.num_rows
+        return len(pc.list_flatten(todo["src"])) + others.num_rows
 
-    def _not_written(self, fresh: pa.Table) -> pa.Table:
-        """The edges into output rows but those of rows that already have edges of the same query and batch."""
-        groups = fresh.group_by(["dst", "query", "batch"], use_threads=False).aggregate([])
+    def _not_written(self, outputs: pa.Table) -> pa.Table:
+        """``_per_output``'s rows but those of output rows that already have edges of the same query and batch."""
+        keys = outputs.select(["dst", "query", "batch"])
 
         def read(tx) -> set:
-            return {(r["dst"], r["query"], r["batch"]) for i in range(0, groups.num_rows, CHUNK)
-                    for r in tx.run(WRITTEN_OUTPUTS, rows=groups.slice(i, CHUNK).to_pylist())}
+            return {(r["dst"], r["query"], r["batch"]) for i in range(0, keys.num_rows, CHUNK)
+                    for r in tx.run(WRITTEN_OUTPUTS, rows=keys.slice(i, CHUNK).to_pylist())}
 
         with self._session() as s:  # on a cluster, from the leader: a follower may not hold the last writes yet
-            written = s.execute_write(read) if groups.num_rows else set()
+            written = s.execute_write(read) if keys.num_rows else set()
         if not written:
-            return fresh
-        keys = [f"{d}|{q}|{b}" for d, q, b in written]
-        mine = pc.binary_join_element_wise(pc.cast(fresh["dst"], pa.string()), fresh["query"],
-                                           pc.cast(fresh["batch"], pa.string()), "|")
-        return fresh.filter(pc.invert(pc.is_in(mine, pa.array(keys))))
+            return outputs
+        mine = zip(*(keys[c].to_pylist() for c in keys.column_names))
+        return outputs.filter(pa.array([key not in written for key in mine], pa.bool_()))
 
     def _split(self, table: pa.Table, column: str) -> list[pa.Table]:
         """``table`` in ``graph_write_sessions`` parts by ``column``'s rid (rids are hashes: even parts)."""
