@@ -146,7 +146,7 @@ def test_batches_that_read_a_record(env):
 def test_batches_that_used_a_table_row(env):
     for key in ("0", "3", "9"):
         got = env.ask("batches_that_used_a_table_row", table=env.table, key=key)
-        answer = env.client.forward(f"table:dims:{key}", to="output")
+        answer = env.client.forward(f"table:dims@{env.workdir.name}/dims.parquet:{key}", to="output")
         expected = sorted({b for x in answer.records for b in x.batches})
         assert expected and [(r["query"], r["batch"]) for r in got] == [(env.name, b) for b in expected]
         assert [r["version"] for r in got] == [env.entries[b]["tables"][env.table.removeprefix("table:")]
