@@ -1,10 +1,15 @@
-"""Lineage query latency: every backend on lineage graphs of 1M and 10M edges of realistic shape.
+"""Lineage query latency: every backend on lineage graphs of 1M, 10M and 100M edges of realistic shape.
 
 For each size, ``bench.workload``'s lineage (orders joined with a static customers table,
-and aggregations of fan-in 1 to 1,000 over the same orders) goes into the graph (the
-indexer's ``GraphWriter``) and into two shards of the Parquet store, which are compacted
-(local Spark) once 99% of it has arrived: the rest stays in the shards, as a running
-indexer's store has recent ranges a compaction has not taken yet.
+and aggregations of fan-in 1 to 1,000 over the same orders) goes into two shards of the
+Parquet store, which are compacted (local Spark) once 99% of it has arrived: the rest
+stays in the shards, as a running indexer's store has recent ranges a compaction has not
+taken yet. Into the graph (Neo4j, the local stack's) it goes by the indexer's
+``GraphWriter`` below ``--import-from`` edges (20M); at and above, where the indexer would
+take hours, by **bulk import** (``bench.graph_import``: Neo4j's own ``neo4j-admin database
+import full`` from CSV files written as the indexer writes the graph, before the server's
+first start; then the indexer's constraints and indexes, awaited online). ``graph_build``
+says which; the lineage is generated afresh for each use, never held whole in memory.
 
 Then ``--queries`` lineage questions, the same for every backend: half backward from
 random output rows to the sources, half forward from random source rows (one in twenty
@@ -15,18 +20,21 @@ at every level of every query); its figures then cover the questions it answered
 question answered by several backends must get the same answer from each, or the bench
 fails.
 
-Figures per size and backend, by direction: ``p50_ms``, ``p99_ms``, ``mean_ms``,
-``queries``. ``csprov_speedup_vs_rq``: RQ's median over CSProv's on the questions both
-answered; ``csprov_speedup_vs_rq_large``: the same on those whose answer has at least
-100 rows (large components). One JSON line per size; the last line is the summary of the
-largest size, with every size's figures under ``sizes``.
+Figures per size and backend: ``backward``, ``forward`` and ``forward_from_hubs`` (the
+hub questions of ``forward``), each ``p50_ms``, ``p99_ms``, ``mean_ms``, ``queries``.
+``csprov_speedup_vs_rq``: RQ's median over CSProv's on the questions both answered;
+``csprov_speedup_vs_rq_large``: the same on those whose answer has at least 100 rows
+(large components). One JSON line per size; the last line is the summary of the largest
+size, with every size's figures under ``sizes``.
 
-    .venv/bin/python bench/query_latency.py [--sizes 1000000,10000000] [--queries 1000] [--budget-s 300]
+    .venv/bin/python bench/query_latency.py [--sizes 1000000,10000000,100000000] [--queries 1000]
+        [--budget-s 300] [--import-from 20000000] [--components large-star|graphx] [--skip-graph]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import signal
@@ -35,6 +43,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,64 +60,131 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def build(size: int, store_dir: Path, config, spark, graph: bool) -> dict:
-    """The size's lineage into the graph and the store; the rows to ask about."""
+def messages_of(size: int):
+    """The size's lineage, afresh each call (the same messages every time)."""
+    return lambda: lineage_messages(size, seed=size, edges_per_message=5000, prefix=f"s{size}-")
+
+
+def pools(messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows to ask about: output rows, orders rows, and the customers rows (hubs: in every enrich message)."""
+    outputs, orders, customers = [], [], []
+    for nodes, _ in messages():
+        kind, dataset = nodes["kind"], nodes["dataset"]
+        outputs.append(nodes.filter(pc.equal(kind, "output"))["rid"].to_numpy())
+        orders.append(nodes.filter(pc.equal(dataset, "kafka:orders"))["rid"].to_numpy())
+        customers.append(nodes.filter(pc.equal(dataset, "customers"))["rid"].to_numpy())
+    return np.concatenate(outputs), np.concatenate(orders), np.unique(np.concatenate(customers))
+
+
+def build_store(size: int, store_dir: Path, spark, args) -> dict:
+    """The size's lineage into two shards of the Parquet store, compacted once 99% has arrived."""
     from headwater.core.schema import concat_lineage
     from headwater.indexer.compaction import compact
-    from headwater.indexer.graph import GraphWriter
     from headwater.indexer.shard import Shard, shard_root
 
-    messages = list(lineage_messages(size, seed=size, edges_per_message=5000, prefix=f"s{size}-"))
-    outputs, orders, customers = [], [], []
-    for nodes, _ in messages:
-        for rid, kind, dataset in zip(*(nodes[c].to_pylist() for c in ("rid", "kind", "dataset"))):
-            if kind == "output":
-                outputs.append(rid)
-            elif dataset == "kafka:orders":
-                orders.append(rid)
-            elif kind == "source":
-                customers.append(rid)
-    figures = {"edges": sum(e.num_rows for _, e in messages)}
-
     started = time.monotonic()
+    figures: dict = {}
     shards = [Shard(shard_root(store_dir, TOPIC, p), TOPIC, p).open() for p in range(2)]
-    cut = int(len(messages) * 0.99)
-    for i in range(0, len(messages), 6):
-        if i <= cut < i + 6:
-            manifest = compact(spark, store_dir, TOPIC, say=say)
+    written = 0
+
+    def write(i: int, group: list) -> None:
+        nonlocal written
+        arriving = sum(e.num_rows for _, e in group)
+        if size < args.compact_below and written < 0.99 * size <= written + arriving:
+            manifest = compact(spark, store_dir, TOPIC, say=say, components=args.components)
             figures.update(compaction_seconds=manifest["seconds"], sets=manifest["sets"],
-                           largest_set=manifest["largest_set"])
-        shard = shards[(i // 6) % 2]
-        shard.write(*concat_lineage(messages[i: i + 6]), shard.resume, shard.resume)
+                           largest_set=manifest["largest_set"], components=manifest["components"])
+        shard = shards[i % 2]
+        shard.write(*concat_lineage(group), shard.resume, shard.resume)
+        written += arriving
+
+    group, i = [], 0
+    for message in messages_of(size)():
+        group.append(message)
+        if len(group) == 6:
+            write(i, group)
+            group, i = [], i + 1
+    if group:
+        write(i, group)
+    figures["edges"] = written
     figures["store_seconds"] = round(time.monotonic() - started, 1)
     say(f"{size}: store written and compacted in {figures['store_seconds']}s")
-
-    if graph:
-        started = time.monotonic()
-        writer = GraphWriter(config)
-        try:
-            writer.ensure_schema()
-            for i in range(0, len(messages), 6):
-                writer.write_lineage(*concat_lineage(messages[i: i + 6]))
-                if i % 300 == 0:
-                    say(f"{size}: graph {i}/{len(messages)} messages ({time.monotonic() - started:.0f}s)")
-        finally:
-            writer.close()
-        figures["graph_seconds"] = round(time.monotonic() - started, 1)
-    # Hubs: the customers rows recur in every message; each once.
-    return figures, outputs, orders, sorted(set(customers))
+    return figures
 
 
-def questions(n: int, outputs: list[int], orders: list[int], customers: list[int], seed: int) -> list[tuple]:
+def write_graph(size: int, config) -> float:
+    """The size's lineage into the running graph by the indexer's ``GraphWriter``; its seconds."""
+    from headwater.core.schema import concat_lineage
+    from headwater.indexer.graph import GraphWriter
+
+    started = time.monotonic()
+    writer = GraphWriter(config)
+    try:
+        writer.ensure_schema()
+        group = []
+        for i, message in enumerate(messages_of(size)()):
+            group.append(message)
+            if len(group) == 6:
+                writer.write_lineage(*concat_lineage(group))
+                group = []
+            if i % 300 == 0:
+                say(f"{size}: graph {i} messages ({time.monotonic() - started:.0f}s)")
+        if group:
+            writer.write_lineage(*concat_lineage(group))
+    finally:
+        writer.close()
+    return round(time.monotonic() - started, 1)
+
+
+def import_graph(sizes: list[int], stack, folder: Path) -> dict:
+    """Bulk import (``bench.graph_import``: Neo4j's own ``neo4j-admin database import full``, not the indexer)
+    of the lineage of ``sizes`` into the stack's graph server before its first start; its figures."""
+    from bench.graph_import import write_csv
+    from headwater.deploy import tools
+    from headwater.deploy.stack import graph_server
+
+    started = time.monotonic()
+    files = write_csv(lambda: itertools.chain.from_iterable(messages_of(size)() for size in sizes), folder, say)
+    csv_seconds = time.monotonic() - started
+    say(f"import CSV of {sizes}: {files['edges']:,} edges, {files['rows']:,} rows in {csv_seconds:.0f}s")
+    report = graph_server(stack.home, stack.requested_ports).import_full(tools.neo4j(), files["nodes"],
+                                                                         files["relationships"])
+    say(report)
+    for path in folder.glob("*.csv"):
+        path.unlink()
+    return {"graph_build": "neo4j-admin database import full", "graph_csv_seconds": round(csv_seconds, 1),
+            "graph_import_seconds": round(time.monotonic() - started - csv_seconds, 1)}
+
+
+def await_schema(config) -> float:
+    """The indexer's constraints and indexes made on the graph and online; their seconds."""
+    from headwater.adapters.graph import driver
+    from headwater.indexer.graph import GraphWriter
+
+    started = time.monotonic()
+    writer = GraphWriter(config)
+    try:
+        writer.ensure_schema()
+    finally:
+        writer.close()
+    with driver(config) as d, d.session(database=config.graph_database) as session:
+        session.run("CALL db.awaitIndexes(7200)").consume()
+    return round(time.monotonic() - started, 1)
+
+
+def questions(n: int, outputs: np.ndarray, orders: np.ndarray, customers: np.ndarray, seed: int) -> list[tuple]:
+    """``(direction, rid, to, depth, hub)``: half backward from output rows, half forward from source rows,
+    one in twenty of those a customers row (a hub)."""
     rng = random.Random(seed)
     asked = []
     for i in range(n):
         depth = rng.choice(DEPTHS)
         if i % 2 == 0:
-            asked.append(("backward", rng.choice(outputs), "source", depth))
+            asked.append(("backward", int(outputs[rng.randrange(len(outputs))]), "source", depth, False))
         else:
-            pool = customers if rng.random() < 0.05 else orders
-            asked.append(("forward", rng.choice(pool), "output", depth))
+            hub = rng.random() < 0.05
+            pool = customers if hub else orders
+            asked.append(("forward", int(pool[rng.randrange(len(pool))]), "output", depth, hub))
     return asked
 
 
@@ -118,7 +196,7 @@ def run_backend(backend, asked: list[tuple], budget_s: float) -> dict[int, tuple
     """Seconds and answer of each question answered, by its index, until the budget is spent."""
     done = {}
     started = time.monotonic()
-    for i, (direction, rid, to, depth) in enumerate(asked):
+    for i, (direction, rid, to, depth, _) in enumerate(asked):
         if time.monotonic() - started > budget_s:
             break
         t = time.perf_counter()
@@ -134,10 +212,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def figures_of(done: dict, asked: list[tuple]) -> dict:
     found = {}
-    for direction in ("backward", "forward"):
-        ms = [done[i][0] * 1000 for i in done if asked[i][0] == direction]
+    kinds = {"backward": lambda q: q[0] == "backward", "forward": lambda q: q[0] == "forward",
+             "forward_from_hubs": lambda q: q[0] == "forward" and q[4]}
+    for kind, chosen in kinds.items():
+        ms = [done[i][0] * 1000 for i in done if chosen(asked[i])]
         if ms:
-            found[direction] = {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(percentile(ms, 0.99), 2),
+            found[kind] = {"p50_ms": round(statistics.median(ms), 2), "p99_ms": round(percentile(ms, 0.99), 2),
                                 "mean_ms": round(statistics.fmean(ms), 2), "queries": len(ms)}
     return found
 
@@ -154,7 +234,10 @@ def measure(size: int, home: Path, config, spark, args) -> dict:
     from headwater.query.parquet import CSProvBackend, RecursiveBackend, StoreView
 
     store_dir = home / f"store-{size}"
-    figures, outputs, orders, customers = build(size, store_dir, config, spark, not args.skip_graph)
+    outputs, orders, customers = pools(messages_of(size))
+    figures = build_store(size, store_dir, spark, args)
+    if not args.skip_graph and size < args.import_from:
+        figures.update(graph_build="indexer", graph_seconds=write_graph(size, config))
     asked = questions(args.queries, outputs, orders, customers, seed=size)
     config = config.with_overrides(store_dir=str(store_dir), edges_topic=TOPIC)
     started = time.monotonic()
@@ -164,9 +247,12 @@ def measure(size: int, home: Path, config, spark, args) -> dict:
     if not args.skip_graph:
         backends["cypher"] = lambda: CypherBackend(config)
     done = {}
+    warmup = questions(args.warmup, outputs, orders, customers, seed=size + 1)
+    del outputs, orders
     for name, make in backends.items():
         backend = make()
         try:
+            run_backend(backend, warmup, args.budget_s)  # plans compiled, caches filled: not counted
             done[name] = run_backend(backend, asked, args.budget_s)
         finally:
             backend.close()
@@ -182,12 +268,28 @@ def measure(size: int, home: Path, config, spark, args) -> dict:
     return figures
 
 
+def best_of(figures: dict, kind: str) -> float | None:
+    """The least p99 of ``kind`` among the backends that answered all its questions (not one stopped early)."""
+    answered = {name: figures[name][kind] for name in ("csprov", "rq", "cypher") if kind in figures.get(name, {})}
+    most = max((f["queries"] for f in answered.values()), default=0)
+    return min((f["p99_ms"] for f in answered.values() if f["queries"] == most), default=None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1000000,10000000", help="edges of each lineage graph, comma-separated")
+    parser.add_argument("--sizes", default="1000000,10000000,100000000",
+                        help="edges of each lineage graph, comma-separated")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--budget-s", type=float, default=300.0, help="most seconds a backend spends on one size")
     parser.add_argument("--skip-graph", action="store_true", help="the Parquet backends only (no graph server)")
+    parser.add_argument("--import-from", type=int, default=20_000_000,
+                        help="sizes of at least this many edges go into the graph by Neo4j's bulk import "
+                             "(neo4j-admin database import full, before the server starts), not the indexer")
+    parser.add_argument("--components", default="large-star", help="compaction's components algorithm")
+    parser.add_argument("--compact-below", type=int, default=20_000_000,
+                        help="sizes of at least this many edges stay in the shards, not compacted (large-star "
+                             "took 17 min for 10M edges here; the Parquet backends then read them as recent ranges)")
+    parser.add_argument("--warmup", type=int, default=20, help="questions each backend answers first, not counted")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the stack below is stopped
 
@@ -198,16 +300,24 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="query-bench-") as tmp:
         home = Path(tmp)
-        stack = None
+        stack, imported = None, {}
         if not args.skip_graph:
             stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
+            bulk = [size for size in sizes if size >= args.import_from]
+            if bulk:
+                imported = import_graph(bulk, stack, home / "import")
             stack.up()
         spark = spark_session("headwater-bench-queries", **{"spark.driver.memory": "6g"})
         try:
             from headwater.core.config import Config
             config = stack.config() if stack else Config()
+            if imported:
+                imported["graph_schema_seconds"] = await_schema(config)
+                say(f"graph imported: {imported}")
             for size in sizes:
                 results[size] = measure(size, home, config, spark, args)
+                if size >= args.import_from and imported:
+                    results[size].update(imported)
                 print(json.dumps({"bench": "query_latency", "size": size, **results[size]}), flush=True)
         finally:
             spark.stop()
@@ -221,6 +331,7 @@ def main() -> None:
         "bench": "query_latency", "edges": largest["edges"], "queries": args.queries,
         "best_backend": best, "best_backward_p50_ms": backward[best]["p50_ms"],
         "best_backward_p99_ms": backward[best]["p99_ms"],
+        "best_forward_from_hubs_p99_ms": {str(size): best_of(f, "forward_from_hubs") for size, f in results.items()},
         "csprov_speedup_vs_rq": largest["csprov_speedup_vs_rq"],
         "csprov_speedup_vs_rq_large": largest["csprov_speedup_vs_rq_large"],
         **{name: largest[name] for name in ("csprov", "rq", "cypher") if name in largest},

@@ -75,17 +75,44 @@ class Neo4jServer:
 
     def prepare(self, neo4j_jars: Path) -> None:
         """Write the config and, before the first start only, set the initial password (the data survives)."""
+        self._write_config()
+        if self._started_before():
+            return  # the password is the system database's now
+        self._admin(neo4j_jars, ["dbms", "set-initial-password", "--", self.password], "setting Neo4j's initial "
+                    "password", timeout_s=120)
+
+    def import_full(self, neo4j_jars: Path, nodes: dict[str, list[Path]], relationships: dict[str, list[Path]],
+                    timeout_s: float = 7200) -> str:
+        """Bulk-load CSV files into ``database`` before the server's first start, with Neo4j's own
+        ``neo4j-admin database import full``; ``nodes`` and ``relationships`` by label and type, each a header
+        file then data files. Far faster than transactions, for building a large graph at once (the benches); no
+        constraints or indexes are made (the indexer's ``ensure_schema`` makes them on the running server).
+        Returns the tool's report (its last lines)."""
+        if self._started_before():
+            raise RuntimeError(f"{self.folder} has been started: a full import needs a server never started")
+        self._write_config()
+        args = ["database", "import", "full", self.database, "--overwrite-destination=true",
+                "--skip-bad-entries-logging=true", "--high-parallel-io=on"]
+        args += [f"--nodes={label}={','.join(map(str, files))}" for label, files in nodes.items()]
+        args += [f"--relationships={kind}={','.join(map(str, files))}" for kind, files in relationships.items()]
+        return self._admin(neo4j_jars, args, "neo4j-admin database import full", timeout_s=timeout_s)
+
+    def _write_config(self) -> None:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         (self.conf_dir / "neo4j.conf").write_text("".join(f"{k}={v}\n" for k, v in self.settings().items()))
-        if (self.folder / "data" / "databases" / "system").exists():
-            return  # started before: the password is the system database's now
-        done = subprocess.run(self._java(neo4j_jars) + [ADMIN_CLASS, "dbms", "set-initial-password", "--",
-                                                       self.password],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env=self._tool_environment(), timeout=120)
+
+    def _started_before(self) -> bool:
+        return (self.folder / "data" / "databases" / "system").exists()
+
+    def _admin(self, neo4j_jars: Path, args: list[str], what: str, timeout_s: float) -> str:
+        """Run Neo4j's admin tool (what ``neo4j-admin`` runs) with ``args``; its output's last lines."""
+        done = subprocess.run(self._java(neo4j_jars) + [ADMIN_CLASS, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._tool_environment(),
+                              timeout=timeout_s)
+        tail = done.stdout.decode(errors="replace").strip().splitlines()[-12:]
         if done.returncode != 0:
-            tail = done.stdout.decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(f"setting Neo4j's initial password in {self.folder} failed: {' | '.join(tail)}")
+            raise RuntimeError(f"{what} in {self.folder} failed: {' | '.join(tail[-5:])}")
+        return "\n".join(tail)
 
     def command(self, neo4j_jars: Path) -> list[str]:
         return self._java(neo4j_jars) + [MAIN_CLASS, f"--home-dir={self.folder}", f"--config-dir={self.conf_dir}",

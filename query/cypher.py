@@ -17,15 +17,16 @@ from headwater.indexer.graph import batch_fields, batch_statuses, gaps_between
 
 from .backend import ROW_FIELDS, Question, WalkingBackend, check_rid
 
-# A frontier's edges, each with the record of the row at its far end: a walk needs the records of the
-# rows it reached, and reading them with the edges saves a round trip a question.
-_EDGE_FIELDS = ("a.rid AS src, b.rid AS dst, e.query AS query, e.batch AS batch, e.op AS op, e.exact AS exact, "
-                "e.cols AS cols, " + ", ".join(f"{{far}}.{f} AS far_{f}" for f in ROW_FIELDS[1:]))
-_EDGES = "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier RETURN " + _EDGE_FIELDS
-# A question's start: the row's record and its edges in one round trip (none where it has none).
-_FROM = ("MATCH ({near}:Row) WHERE {near}.rid = $rid OPTIONAL MATCH (a:Row)-[e:DERIVED]->(b:Row) RETURN "
-         + ", ".join(f"{{near}}.{f} AS row_{f}" for f in ROW_FIELDS[1:])
-         + ", " + _EDGE_FIELDS)
+# A frontier's edges, each with the properties of the row at its far end: a walk needs the records of the rows
+# it reached, and reading them with the edges saves a round trip a question. Each edge's and far row's
+# properties are read at once, as maps (``properties``), not a column per property: on 1M edges, the step from
+# a hub's 300 output rows took 7.3 ms against 9.6, and a question's start (below) half the time.
+_EDGES = ("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
+          "RETURN {near}.rid AS rid, properties(e) AS e, properties({far}) AS far")
+# A question's start: the row's record and its edges in one round trip, one record (a hub's forward question,
+# 300 rows at 1M edges: median 11.4 ms, against 22.5 ms for a record an edge).
+_FROM = ("MATCH ({near}:Row {{rid: $rid}}) RETURN properties({near}) AS row, "
+         "[(a:Row)-[e:DERIVED]->(b:Row) | [properties(e), properties({far})]] AS edges")
 _ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
 _CHUNK = 5000  # rids per statement
 # A static table's description: the graph's other datasets (the Kafka topics and streams batches read) are not.
@@ -49,8 +50,13 @@ class CypherBackend(WalkingBackend):
         self._driver.close()
 
     def _run(self, query: str, **params) -> list[dict]:
+        """The records as dicts. Every statement here returns scalars, lists and maps only, so a record's values
+        are its data as they are: ``Record.data()`` walks each value again (a third of a hub's forward
+        question, 300 rows at 1M edges, went there)."""
         with self._driver.session(database=self.config.graph_database) as s:
-            return [r.data() for r in s.run(query, **params)]
+            result = s.run(query, **params)
+            keys = result.keys()
+            return [dict(zip(keys, values)) for values in result]
 
     def _chunked(self, query: str, name: str, rids) -> list[dict]:
         rids = list(rids)
@@ -61,27 +67,29 @@ class CypherBackend(WalkingBackend):
         rows = self._run(_FROM.format(near=near, far=far), rid=check_rid(rid))
         if not rows:
             raise self._unknown(rid)
-        record = {"rid": rid, **{f: rows[0][f"row_{f}"] for f in ROW_FIELDS[1:]}}
-        edges = [{k: v for k, v in row.items() if not k.startswith("row_")} for row in rows if row["query"] is not None]
-        return self._question(backward, {rid: record}, {rid: edges})
+        record = {f: rows[0]["row"].get(f) for f in ROW_FIELDS}
+        return self._question(backward, {rid: record}, {rid: rows[0]["edges"]})
 
     def _question(self, backward: bool, known: dict[int, dict] | None = None,
-                  read: dict[int, list[dict]] | None = None) -> Question:
+                  read: dict[int, list] | None = None) -> Question:
         """``read``: a row's edges read already (``question_from``), for the step from it alone."""
         query = _EDGES.format(near="b" if backward else "a", far="a" if backward else "b")
-        far = "src" if backward else "dst"
+        near_end, far_end = ("dst", "src") if backward else ("src", "dst")
         known = dict(known or {})  # with the records of the rows at the far ends of the edges stepped
 
         def step(frontier: list[int]) -> pa.Table:
-            rows = read.pop(frontier[0]) if read and len(frontier) == 1 and frontier[0] in read else \
-                self._chunked(query, "frontier", frontier)
-            for row in rows:
-                record = {f: row.pop(f"far_{f}") for f in ROW_FIELDS[1:]}
-                known.setdefault(row[far], {"rid": row[far], **record})
-                # edges written before masks or flags were recorded
-                row["exact"] = row["exact"] is not False
-                row["cols"] = -1 if row["cols"] is None else row["cols"]
-            return pa.Table.from_pylist(rows, EDGE_SCHEMA)
+            if read and len(frontier) == 1 and frontier[0] in read:
+                found = [(frontier[0], e, far) for e, far in read.pop(frontier[0])]
+            else:
+                found = [(row["rid"], row["e"], row["far"]) for row in self._chunked(query, "frontier", frontier)]
+            edges = []
+            for rid, properties, far in found:
+                known.setdefault(far["rid"], {f: far.get(f) for f in ROW_FIELDS})
+                # edges written before masks or flags were recorded: exact, all columns
+                edges.append({near_end: rid, far_end: far["rid"], "query": properties["query"],
+                              "batch": properties["batch"], "op": properties["op"],
+                              "exact": properties.get("exact") is not False, "cols": properties.get("cols", -1)})
+            return pa.Table.from_pylist(edges, EDGE_SCHEMA)
         return Question(step, self._records, known)
 
     def _records(self, rids) -> dict[int, dict]:
