@@ -34,7 +34,7 @@ size, with every size's figures under ``sizes``.
 
     .venv/bin/python bench/query_latency.py [--sizes 1000000,10000000,100000000] [--queries 1000]
         [--warmup 20] [--budget-s 300] [--import-from 20000000] [--compact-below 20000000]
-        [--components large-star|graphx] [--skip-graph]
+        [--components large-star|graphx] [--graph-page-cache 4g] [--skip-graph]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import signal
 import statistics
@@ -310,6 +311,8 @@ def main() -> None:
                         help="sizes of at least this many edges stay in the shards, not compacted (large-star "
                              "took 17 min for 10M edges here; the Parquet backends then read them as recent ranges)")
     parser.add_argument("--warmup", type=int, default=20, help="questions each backend answers first, not counted")
+    parser.add_argument("--graph-page-cache", default="", help="Neo4j's page cache, e.g. 4g (default: the stack's, "
+                                                               "512m; Neo4j's advice is the store's size)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the stack below is stopped
 
@@ -321,6 +324,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="query-bench-") as tmp:
         home = Path(tmp)
         stack, imported = None, {}
+        if args.graph_page_cache:
+            from headwater.deploy.neo4j_server import PAGE_CACHE_ENV
+            os.environ[PAGE_CACHE_ENV] = args.graph_page_cache
         if not args.skip_graph:
             stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
             bulk = [size for size in sizes if size >= args.import_from]
@@ -340,9 +346,11 @@ def main() -> None:
                     results[size].update(imported)
                 print(json.dumps({"bench": "query_latency", "size": size, **results[size]}), flush=True)
         finally:
-            spark.stop()
-            if stack is not None:
-                stack.down()
+            try:
+                spark.stop()
+            finally:  # the stack is stopped even when Spark is gone
+                if stack is not None:
+                    stack.down()
     largest = results[max(sizes)]
     backward = {name: largest[name]["backward"] for name in ("csprov", "rq", "cypher")
                 if name in largest and "backward" in largest[name]}

@@ -22,6 +22,9 @@ MAIN_CLASS = "org.neo4j.server.CommunityEntryPoint"
 ADMIN_CLASS = "org.neo4j.cli.AdminTool"
 HEAP = "-Xmx1g"  # beside Spark and Kafka on 2 cores and 24 GiB; a production server sizes its own
 PAGE_CACHE = "512m"
+# A larger page cache for a larger graph (Neo4j's advice: the store's size), e.g. ``4g``: the stack's own
+# server takes it from the environment, as ``server.memory.pagecache.size`` (Neo4j refuses a malformed one).
+PAGE_CACHE_ENV = "HEADWATER_GRAPH_PAGE_CACHE"
 # What Neo4j's own launcher gives its JVM on Java 17 and newer (its netty and page cache reach into java.nio).
 JVM_OPTIONS = ("-XX:+UseG1GC", "-XX:-OmitStackTraceInFastThrow", "-XX:+DisableExplicitGC",
                "-Djdk.nio.maxCachedBufferSize=1024", "-Dio.netty.tryReflectionSetAccessible=true",
@@ -38,6 +41,7 @@ class Neo4jServer:
     password: str = field(repr=False)
     host: str = "127.0.0.1"
     database: str = "lineage"
+    page_cache: str = field(default_factory=lambda: os.environ.get(PAGE_CACHE_ENV) or PAGE_CACHE)
 
     def __post_init__(self):
         self.folder = Path(self.folder)
@@ -69,7 +73,7 @@ class Neo4jServer:
             "server.directories.run": str(self.folder / "run"),
             "server.directories.import": str(self.folder / "import"),
             "server.directories.plugins": str(self.folder / "plugins"),
-            "server.memory.pagecache.size": PAGE_CACHE,
+            "server.memory.pagecache.size": self.page_cache,
             "dbms.usage_report.enabled": "false",
         }
 

@@ -84,18 +84,18 @@ class CypherBackend(WalkingBackend):
 
         def step(frontier: list[int]) -> pa.Table:
             if read and len(frontier) == 1 and frontier[0] in read:
-                found = [(frontier[0], e, far, onward) for e, far, onward in read.pop(frontier[0])]
+                found = [(frontier[0], e, row, onward) for e, row, onward in read.pop(frontier[0])]
             else:
                 asked = [rid for rid in frontier if rid not in ends]
                 found = [(row["rid"], row["e"], row["far"], row["onward"])
                          for row in (self._chunked(query, "frontier", asked) if asked else ())]
             edges = []
-            for rid, properties, far, onward in found:
-                known.setdefault(far["rid"], {f: far.get(f) for f in ROW_FIELDS})
+            for rid, properties, far_row, onward in found:
+                known.setdefault(far_row["rid"], {f: far_row.get(f) for f in ROW_FIELDS})
                 if not onward:
-                    ends.add(far["rid"])
+                    ends.add(far_row["rid"])
                 # edges written before masks or flags were recorded: exact, all columns
-                edges.append({near_end: rid, far_end: far["rid"], "query": properties["query"],
+                edges.append({near_end: rid, far_end: far_row["rid"], "query": properties["query"],
                               "batch": properties["batch"], "op": properties["op"],
                               "exact": properties.get("exact") is not False, "cols": properties.get("cols", -1)})
             return pa.Table.from_pylist(edges, EDGE_SCHEMA)

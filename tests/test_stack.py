@@ -146,3 +146,12 @@ def test_a_password_that_starts_with_a_dash_is_set_as_the_password(tmp_path):
     server = Neo4jServer(tmp_path / "graph", free_port(), free_port(), "-h-looks-like-an-option")
     server.prepare(tools.neo4j())
     assert (tmp_path / "graph" / "data" / "dbms" / "auth.ini").exists()
+
+
+def test_the_graph_page_cache_is_the_environment_s_else_the_stack_s(tmp_path, monkeypatch):
+    from headwater.deploy.neo4j_server import PAGE_CACHE, PAGE_CACHE_ENV
+
+    monkeypatch.delenv(PAGE_CACHE_ENV, raising=False)
+    assert Neo4jServer(tmp_path, 1, 2, "p" * 12).settings()["server.memory.pagecache.size"] == PAGE_CACHE == "512m"
+    monkeypatch.setenv(PAGE_CACHE_ENV, "4g")
+    assert Neo4jServer(tmp_path, 1, 2, "p" * 12).settings()["server.memory.pagecache.size"] == "4g"
