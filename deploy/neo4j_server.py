@@ -6,7 +6,9 @@ first start, sets the initial password with Neo4j's own admin tool (``dbms set-i
 what Neo4j's ``bin/neo4j console`` runs) with the jars ``headwater.deploy.tools.neo4j()`` fetched from Maven
 Central into the tools cache: no Neo4j install, no scripts. Bolt and HTTP listen on ``host`` only, auth is on
 (user ``neo4j``), the database is ``database`` (Community holds one beside ``system``; it is made on the first
-start), usage reports are off. The data lives in ``folder/data`` and outlives the process.
+start), usage reports are off. The data lives in ``folder/data`` and outlives the process. ``import_full``
+loads a database from CSV files with Neo4j's own bulk importer before the first start (the benches' large
+graphs); the page cache is ``HEADWATER_GRAPH_PAGE_CACHE`` where set.
 """
 
 from __future__ import annotations
