@@ -98,7 +98,8 @@ class Neo4jServer:
             raise RuntimeError(f"{self.folder} has been started: a full import needs a server never started")
         self._write_config()
         args = ["database", "import", "full", self.database, "--overwrite-destination=true",
-                "--skip-bad-entries-logging=true", "--high-parallel-io=on"]
+                "--skip-bad-entries-logging=true", "--high-parallel-io=on",
+                f"--report-file={self.folder / 'logs' / 'import.report'}"]  # not the working directory
         args += [f"--nodes={label}={','.join(map(str, files))}" for label, files in nodes.items()]
         args += [f"--relationships={kind}={','.join(map(str, files))}" for kind, files in relationships.items()]
         return self._admin(neo4j_jars, args, "neo4j-admin database import full", timeout_s=timeout_s)
