@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as csv
 
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
+from headwater.indexer.graph import exact_as_written
 
 LABEL, TYPE = "Row", "DERIVED"
 _TYPES = {pa.int64(): "long", pa.int32(): "long", pa.bool_(): "boolean", pa.string(): "string"}
@@ -68,7 +68,7 @@ def write_csv(messages: Messages, folder: Path, say: Callable[[str], None] = lam
             kept = nodes.filter(pa.array(first[at: at + nodes.num_rows]))
             at += nodes.num_rows
             row_file.write_table(_with_id(kept.cast(NODE_SCHEMA)))
-            exact = pc.if_else(message_edges["exact"], pa.scalar(None, pa.bool_()), False)  # as the indexer
+            exact = exact_as_written(message_edges["exact"])
             edge_file.write_table(message_edges.cast(EDGE_SCHEMA).set_column(_EXACT, _EDGE_CSV.field("exact"), exact))
             rows, edges = rows + kept.num_rows, edges + message_edges.num_rows
             if i % 2000 == 0:

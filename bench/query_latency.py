@@ -72,6 +72,15 @@ def messages_of(size: int):
     return lambda: lineage_messages(size, seed=size, edges_per_message=5000, prefix=f"s{size}-")
 
 
+def writes_of(size: int, per_write: int = 6):
+    """The size's lineage as writes of ``per_write`` messages each (the last may hold fewer), concatenated."""
+    from headwater.core.schema import concat_lineage
+
+    messages = iter(messages_of(size)())
+    while group := list(itertools.islice(messages, per_write)):
+        yield concat_lineage(group)
+
+
 def pools(messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows to ask about: output rows, orders rows, and the customers rows (hubs: in every enrich message)."""
     outputs, orders, customers = [], [], []
@@ -85,7 +94,6 @@ def pools(messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def build_store(size: int, store_dir: Path, spark, args) -> dict:
     """The size's lineage into two shards of the Parquet store, compacted once 99% has arrived."""
-    from headwater.core.schema import concat_lineage
     from headwater.indexer.compaction import compact
     from headwater.indexer.shard import Shard, shard_root
 
@@ -93,26 +101,14 @@ def build_store(size: int, store_dir: Path, spark, args) -> dict:
     figures: dict = {}
     shards = [Shard(shard_root(store_dir, TOPIC, p), TOPIC, p).open() for p in range(2)]
     written = 0
-
-    def write(i: int, group: list) -> None:
-        nonlocal written
-        arriving = sum(e.num_rows for _, e in group)
-        if size < args.compact_below and written < 0.99 * size <= written + arriving:
+    for i, (nodes, edges) in enumerate(writes_of(size)):
+        if size < args.compact_below and written < 0.99 * size <= written + edges.num_rows:
             manifest = compact(spark, store_dir, TOPIC, say=say, components=args.components)
             figures.update(compaction_seconds=manifest["seconds"], sets=manifest["sets"],
                            largest_set=manifest["largest_set"], components=manifest["components"])
         shard = shards[i % 2]
-        shard.write(*concat_lineage(group), shard.resume, shard.resume)
-        written += arriving
-
-    group, i = [], 0
-    for message in messages_of(size)():
-        group.append(message)
-        if len(group) == 6:
-            write(i, group)
-            group, i = [], i + 1
-    if group:
-        write(i, group)
+        shard.write(nodes, edges, shard.resume, shard.resume)
+        written += edges.num_rows
     figures["edges"] = written
     figures["store_seconds"] = round(time.monotonic() - started, 1)
     say(f"{size}: store written{' and compacted' if 'compaction_seconds' in figures else ''} in "
@@ -122,23 +118,16 @@ def build_store(size: int, store_dir: Path, spark, args) -> dict:
 
 def write_graph(size: int, config) -> float:
     """The size's lineage into the running graph by the indexer's ``GraphWriter``; its seconds."""
-    from headwater.core.schema import concat_lineage
     from headwater.indexer.graph import GraphWriter
 
     started = time.monotonic()
     writer = GraphWriter(config)
     try:
         writer.ensure_schema()
-        group = []
-        for i, message in enumerate(messages_of(size)()):
-            group.append(message)
-            if len(group) == 6:
-                writer.write_lineage(*concat_lineage(group))
-                group = []
-            if i % 300 == 0:
-                say(f"{size}: graph {i} messages ({time.monotonic() - started:.0f}s)")
-        if group:
-            writer.write_lineage(*concat_lineage(group))
+        for i, write in enumerate(writes_of(size)):
+            writer.write_lineage(*write)
+            if i % 50 == 0:
+                say(f"{size}: graph {i} writes ({time.monotonic() - started:.0f}s)")
     finally:
         writer.close()
     return round(time.monotonic() - started, 1)

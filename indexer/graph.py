@@ -123,6 +123,12 @@ def _rows(table: pa.Table) -> list[dict]:
     return [{k: v for k, v in row.items() if v is not None} for row in table.to_pylist()]
 
 
+def exact_as_written(exact: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Edges' ``exact`` as the graph holds it: null (no property) on an exact edge, one property fewer on nearly
+    every edge (15% more edges/s measured); ``false`` on an edge of a superset."""
+    return pc.if_else(exact, pa.scalar(None, pa.bool_()), False)
+
+
 def _flat(table: pa.Table) -> list[list[dict]]:
     """A statement's parameters: ``table``'s rows, ``CHUNK`` at a time."""
     rows = _rows(table)
@@ -170,10 +176,7 @@ class GraphWriter:
     def write_lineage(self, nodes: pa.Table, edges: pa.Table) -> int:
         """Write rows, then edges, each in concurrent transactions; returns the edges written (not skipped
         as written before)."""
-        # An exact edge has no ``exact`` property (one property fewer on nearly every edge: 15% more edges/s
-        # measured), an edge of a superset ``exact: false``.
-        edges = edges.set_column(edges.schema.get_field_index("exact"), "exact",
-                                 pc.if_else(edges["exact"], pa.scalar(None, pa.bool_()), False))
+        edges = edges.set_column(edges.schema.get_field_index("exact"), "exact", exact_as_written(edges["exact"]))
         outputs = nodes.filter(pc.equal(nodes["kind"], "output"))["rid"]
         into_output = pc.is_in(edges["dst"], outputs)
         fresh, others = edges.filter(into_output), edges.filter(pc.invert(into_output))
