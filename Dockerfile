@@ -9,6 +9,7 @@ COPY headwater headwater
 COPY capture capture
 COPY indexer indexer
 COPY query query
+COPY store store
 COPY deploy deploy
 RUN python -m venv /opt/headwater \
  && /opt/headwater/bin/pip install --no-cache-dir --progress-bar off .

@@ -175,9 +175,10 @@ def main() -> int:
     # Stopped by a signal, the stack is still taken down (``finally``), its processes by their PIDs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from headwater.adapters.kafka import ensure_topics
+    from headwater.adapters.spark import spark_session
     from headwater.capture import attach
     from headwater.demo import orders as demo_data
-    from headwater.demo.run import end_offsets, spark_session
+    from headwater.demo.run import end_offsets
     from headwater.deploy.stack import Stack, free_port
 
     results: dict = {}

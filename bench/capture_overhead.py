@@ -136,8 +136,8 @@ def bench_stack(app: str, **conf: str):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from headwater.adapters.spark import spark_session
     from headwater.demo import orders as data
-    from headwater.demo.run import spark_session
     from headwater.deploy.stack import Stack, free_port
 
     with tempfile.TemporaryDirectory(prefix=f"{app}-") as tmp:
@@ -325,7 +325,8 @@ def main(argv=None) -> None:
         # plan the log-only fallback infers from), beside one traced batch's median.
         "trace_ms_median": round(statistics.median(once["trace_ms"]), 1),
         "optimized_plan_ms_median": round(statistics.median(once["optimized_plan_ms"]), 1),
-        "optimized_plan_per_batch": round(statistics.median(once["optimized_plan_ms"]) / statistics.median(pooled["on"]),
+        "optimized_plan_per_batch": round(statistics.median(once["optimized_plan_ms"])
+                                          / statistics.median(pooled["on"]),
                                           3),
         "edges_per_s": round(edges / seconds["on"], 1),
         "bytes_per_edge": round(size / edges, 1) if edges else None,

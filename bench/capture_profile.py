@@ -96,7 +96,8 @@ def main(argv=None) -> None:
                     if round_ >= 0:
                         phases[variant].extend(got)
                     print(f"round {round_} {variant}: median "
-                          f"{statistics.median(p['triggerExecution'] for p in got):.0f} ms", file=sys.stderr, flush=True)
+                          f"{statistics.median(p['triggerExecution'] for p in got):.0f} ms",
+                          file=sys.stderr, flush=True)
         finally:
             for tracer in tracers.values():
                 tracer.close()

@@ -39,7 +39,8 @@ def write_store(store_dir: Path, messages, partitions: int = 2, per_write: int =
     """The messages into ``partitions`` shards, ``per_write`` messages a write, as the indexer writes them."""
     import pyarrow as pa
 
-    from headwater.indexer.shard import Shard, shard_root
+    from headwater.indexer.shard import Shard
+    from headwater.store.edges import shard_root
 
     shards = [Shard(shard_root(store_dir, TOPIC, p), TOPIC, p).open() for p in range(partitions)]
     written = 0
@@ -71,7 +72,7 @@ def measure(spark, root: Path, shape: str, messages, algorithms: list[str]) -> d
     import pyarrow.dataset as ds
 
     from headwater.indexer.compaction import STORE_DDL, compact, components
-    from headwater.indexer.generation import Generation, snapshot
+    from headwater.store.generation import Generation, snapshot
 
     base = root / f"{shape}-base"
     edges = write_store(base, messages)
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--hops", type=int, default=100, help="Edges in each chain (0: no chain shape).")
     args = parser.parse_args()
 
-    from headwater.demo.run import spark_session
+    from headwater.adapters.spark import spark_session
     from headwater.indexer.compaction import COMPONENTS, DEFAULT_COMPONENTS
 
     algorithms = [DEFAULT_COMPONENTS] + [a for a in COMPONENTS if a != DEFAULT_COMPONENTS]

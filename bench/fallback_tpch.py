@@ -85,8 +85,8 @@ def main() -> int:
     parser.add_argument("--queries", default=",".join(str(q) for q in QUERIES))
     args = parser.parse_args()
 
+    from headwater.adapters.spark import spark_session
     from headwater.capture.spark_plan import optimized_records
-    from headwater.demo.run import spark_session
     from headwater.query.infer.operators import build
     from headwater.query.infer.precise import plan_saves, save, trace
     from headwater.query.infer.refine import infer, prepare

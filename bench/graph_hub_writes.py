@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
-from headwater.indexer import graph
+from headwater.store import graph
 
 GROWTH_BAR = 2.0  # the last write over the second: merged from the node, 8,000 rows in 4 writes already grow 2.6×
 BOX = 7  # the black box node's rid

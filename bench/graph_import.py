@@ -2,7 +2,7 @@
 
 For the benches only, where the indexer would take too long (100M edges at its ~15,000
 edges/s is about two hours): the lineage is written to CSV files as the indexer would
-write it to the graph (``headwater.indexer.graph``: ``(:Row {rid, kind, dataset, …})``,
+write it to the graph (``headwater.store.graph``: ``(:Row {rid, kind, dataset, …})``,
 ``-[:DERIVED {query, batch, op, cols, exact: false only on a superset's edge}]->``, every
 integer a long, a null no property), the server's database is loaded from them before its
 first start (``Neo4jServer.import_full``), and the indexer's own ``ensure_schema`` then
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.csv as csv
 
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
-from headwater.indexer.graph import exact_as_written
+from headwater.store.graph import exact_as_written
 
 LABEL, TYPE = "Row", "DERIVED"
 _TYPES = {pa.int64(): "long", pa.int32(): "long", pa.bool_(): "boolean", pa.string(): "string"}

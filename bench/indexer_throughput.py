@@ -85,7 +85,7 @@ def store_alone(folder: Path, messages, sizes: list[int]) -> tuple[float, int]:
 def baseline_graph(config, messages) -> float:
     """Edges/s of one graph write per message, 2,000 rows a statement, in one session (the indexer before
     batching and concurrent sessions)."""
-    from headwater.indexer import graph
+    from headwater.store import graph
 
     writer = graph.GraphWriter(config.with_overrides(graph_write_sessions=1))
     chunk, graph.CHUNK = graph.CHUNK, 2000
@@ -117,9 +117,9 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
     """Compact the store on local Spark; and, as the baseline, copy its edge files with Spark alone."""
     from pyspark.sql import functions as F
 
-    from headwater.demo.run import spark_session
+    from headwater.adapters.spark import spark_session
     from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact
-    from headwater.indexer.generation import Generation, snapshot
+    from headwater.store.generation import Generation, snapshot
 
     spark = spark_session("headwater-bench-compaction")
     try:

@@ -154,7 +154,7 @@ class Journals:
             gateway.new_array(gateway.jvm.java.lang.Object, 0))
 
     def hook(self, row_hash: str, rid: str, named: list[Column]):
-        """A new ``Hook`` of the jar: the JVM half of one traced query's per-batch hook (``tracer.BatchHook``),
+        """A new ``Hook`` of the jar: the JVM half of one traced query's per-batch hook (``batch_hook.BatchHook``),
         over the output columns ``row_hash`` and ``rid``, the sink's columns ``named``."""
         gateway = self.spark.sparkContext._gateway
         jvm = gateway.jvm
@@ -203,7 +203,8 @@ class Journals:
         values = gateway.new_array(jvm.java.lang.Object, len(args) + 2)
         for i, a in enumerate([struct._jc, schema, *args]):
             values[i] = a
-        return ClassicColumn(self._class.getMethod("column", self._classes([column_class, *types])).invoke(None, values))
+        method = self._class.getMethod("column", self._classes([column_class, *types]))
+        return ClassicColumn(method.invoke(None, values))
 
 
 if __name__ == "__main__":

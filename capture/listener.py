@@ -39,7 +39,8 @@ def _offsets(value) -> dict | None:
 
 
 def progress_record(progress: dict, query: str) -> dict:
-    """The log record of one micro-batch's progress (Spark's ``StreamingQueryProgress.json``) of traced query ``query``."""
+    """The log record of one micro-batch's progress (Spark's ``StreamingQueryProgress.json``) of traced query
+    ``query``."""
     return {
         "query": query,
         "batch": progress["batchId"],

@@ -93,7 +93,8 @@ class TracedSource:
     node_id: int
     column: str  # the struct column threaded to the sink
     source: str  # kafka | file | rate | static | blackbox | state (an aggregate's groups)
-    dataset: str | None  # static table (``table:<identity>``), black box or aggregate; Kafka and file rows are named by topic or path
+    # static table (``table:<identity>``), black box or aggregate; Kafka and file rows are named by topic or path
+    dataset: str | None
     key: tuple[str, ...]  # declared key columns of a static table, empty for a content hash
     location: dict | None  # {"paths": [...], "format": ..., "options": {...}} of a file-backed table or stream
     stateful: bool = False  # a black box whose outputs may derive from earlier batches' inputs
@@ -126,7 +127,8 @@ def source_column(df: DataFrame, node: PlanNode, keys: dict[str, tuple[str, ...]
         key = tuple(keys.get(short, ()))
         missing = [k for k in key if k not in df.columns]
         if missing:
-            raise UnsupportedPlanError(node, f"declared key {missing} of table {short!r} is not among its columns {df.columns}")
+            raise UnsupportedPlanError(node, f"declared key {missing} of table {short!r} is not among its columns "
+                                             f"{df.columns}")
         if key:
             text = _static_key(df, key)
             rid = F.xxhash64(F.lit(rids.TABLE), F.lit(table), text)

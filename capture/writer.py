@@ -24,9 +24,20 @@ from headwater.core.plan import column_lineage
 from headwater.core.schema import LOG_PLAN
 
 from . import checkpoint, log_only, metrics
+from .batch_hook import BatchHook
 from .rewrite import RID_COLUMN
-from .sinks import CONTINUOUS_TRIGGERS, FOREACH, FOREACH_BATCH, MEMORY, CONSOLE, NOOP, SinkError, SinkSpec, \
-    open_sink, option
+from .sinks import (
+    CONSOLE,
+    CONTINUOUS_TRIGGERS,
+    FOREACH,
+    FOREACH_BATCH,
+    MEMORY,
+    NOOP,
+    SinkError,
+    SinkSpec,
+    open_sink,
+    option,
+)
 from .sinks.jvm import OUTPUT_MODES, output_mode
 from .sinks.python_sinks import partition_writer
 
@@ -127,8 +138,6 @@ class TracedWriter:
             self.queryName(query_name)
 
     def _start(self) -> StreamingQuery:
-        from .tracer import BatchHook
-
         traced = self._traced
         spark = traced.tracer.spark
         spec = self._sink

@@ -150,7 +150,8 @@ def stack_status(ctx: click.Context) -> None:
 @main.command("index")
 @click.option("--drain", is_flag=True, help="Stop once caught up with the topics and idle.")
 @click.option("--idle", type=float, default=3.0, show_default=True, help="Seconds idle before --drain stops.")
-@click.option("--max-seconds", type=float, default=None, help="Stop after this long in any case; with --drain, exit 1 if not caught up by then.")
+@click.option("--max-seconds", type=float, default=None,
+              help="Stop after this long in any case; with --drain, exit 1 if not caught up by then.")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="Serve /metrics (headwater_indexer_*), /healthz and /readyz at this port, on the metrics_host "
                    "setting's address ($HEADWATER_METRICS_HOST, default 127.0.0.1); 0: none.")
@@ -240,7 +241,7 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None, comp
     """Recompute the connected sets of the Parquet store on Spark and switch to them (a new generation)."""
     from pyspark.sql import SparkSession
 
-    from headwater.demo.run import spark_session
+    from headwater.adapters.spark import spark_session
     from headwater.indexer import compaction
 
     config = _config(ctx)
@@ -290,7 +291,8 @@ def lineage() -> None:
 
 def _query(ctx: click.Context, question: str, rid: int | None, source: str | None, dataset: str | None,
            where: str | None, backend: str, fmt: str, in_process: bool, **options) -> None:
-    given = [name for name, value in (("--rid", rid), ("--source", source), ("--dataset", dataset)) if value is not None]
+    given = [name for name, value in (("--rid", rid), ("--source", source), ("--dataset", dataset))
+             if value is not None]
     if len(given) != 1:
         _fail("give exactly one of --rid, --source or --dataset (with --where)"
               + (f", not {' and '.join(given)}" if given else ""))
@@ -563,8 +565,9 @@ def _in_words(summary: dict) -> str:
         said.append("Not complete.")
     gaps = summary.get("gaps") or []
     if gaps:
-        said.append(f"{len(gaps)} batch{'es' if len(gaps) != 1 else ''} on the way {'were' if len(gaps) != 1 else 'was'} "
-                    f"not fully captured, so rows may be missing through {'them' if len(gaps) != 1 else 'it'}: "
+        several = len(gaps) != 1
+        said.append(f"{len(gaps)} batch{'es' if several else ''} on the way {'were' if several else 'was'} "
+                    f"not fully captured, so rows may be missing through {'them' if several else 'it'}: "
                     f"{_batches(gaps)}.")
     unexplained = summary.get("unexplained") or []
     if unexplained:
@@ -599,7 +602,8 @@ _ROW_OPTIONS = [
                  "table:NAME): ask about its rows --where selects."),
     click.option("--where", default=None, help="With --dataset: a Spark SQL predicate over the sink's columns "
                  "(evaluated without Spark where it can; query/README.md says when Spark is needed)."),
-    click.option("--depth", type=int, default=16, show_default=True, help="Longest path followed, in edges (each way)."),
+    click.option("--depth", type=int, default=16, show_default=True,
+                 help="Longest path followed, in edges (each way)."),
     click.option("--payload", is_flag=True, help="Add the original source records."),
     click.option("--since", default=None, help="Time bound: only through batches that ran at or after this "
                  "ISO 8601 time (e.g. 2026-11-23T18:00:00Z)."),

@@ -53,11 +53,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from . import generation, metrics
-from .generation import snapshot
-from .shard import BUCKETS as SHARD_BUCKETS
-from .shard import ROW_FIELDS, ROWS_SCHEMA, shard_root
-from .store import STORE_SCHEMA, EdgeStore
+from headwater.store import generation
+from headwater.store.edges import ROW_FIELDS, ROWS_SCHEMA, SHARD_BUCKETS, STORE_SCHEMA, EdgeStore, shard_root
+from headwater.store.generation import snapshot
+
+from . import metrics
 
 THRESHOLD = 100_000  # most rows a set holds, unless it lies in one dataset (CSProv's λ)
 BUCKETS = 64  # edge buckets of a generation
@@ -239,7 +239,8 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         # hold edges the previous generation holds too (from its store before): kept once.
         rebuilt = sorted(p for p, before in held.items() if p in covers and covers[p]["store"] != before["store"])
         # So may a set-aside shard and its successor, when a new group read the topic again.
-        aside = sorted(k for k, c in covers.items() if isinstance(k, str) and c["next"] > held.get(k, {}).get("next", 0))
+        aside = sorted(k for k, c in covers.items()
+                       if isinstance(k, str) and c["next"] > held.get(k, {}).get("next", 0))
         if previous:
             edge_files += previous.edge_files()
             row_files += previous.row_files()

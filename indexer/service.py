@@ -35,17 +35,27 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, TransientError
 
-from headwater.adapters.kafka import consumer as kafka_consumer, ensure_topics, producer
+from headwater.adapters.kafka import consumer as kafka_consumer
+from headwater.adapters.kafka import ensure_topics, producer
 from headwater.adapters.readiness import GraphProbe, folder_problem
 from headwater.core.config import Config
-from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS, PayloadError, concat_lineage, decode_lineage, decode_log
+from headwater.core.schema import (
+    LOG_BATCH,
+    LOG_PLAN,
+    LOG_PROGRESS,
+    PayloadError,
+    concat_lineage,
+    decode_lineage,
+    decode_log,
+)
+from headwater.store.batch_log import BatchLogWriter
+from headwater.store.edges import shard_root
+from headwater.store.generation import SET_ASIDE
+from headwater.store.graph import GraphWriter
+from headwater.store.plans import PlanStore
 
 from . import metrics
-from .batch_log import BatchLogWriter
-from .generation import SET_ASIDE
-from .graph import GraphWriter
-from .plans import PlanStore
-from .shard import Shard, shard_root
+from .shard import Shard
 
 log = logging.getLogger("headwater.indexer")
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from .sets import components
 
-
 _NONE = np.empty(0, dtype=np.int64)
 
 

@@ -28,27 +28,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from headwater.core.schema import NODE_SCHEMA
+from headwater.store.edges import (
+    ALIASES_SCHEMA,
+    CUT_SCHEMA,
+    DEPENDENCIES_SCHEMA,
+    ROW_FIELDS,
+    ROWS_SCHEMA,
+    SHARD_BUCKETS,
+    EdgeStore,
+)
 
 from .set_index import Recorded, SetIndex
-from .store import EdgeStore
-
-# Buckets per shard: each write puts one file in each bucket its sets fall in, so fewer
-# buckets mean bigger files (on the bench workload, 8 buckets: 11.7 bytes per edge in
-# the edge files at 198,000 edges/s; 64 buckets: 18.2 bytes at 85,000 edges/s).
-BUCKETS = 8
-# A row's dataset is kept with its set (compaction splits large components along
-# datasets), and what the query tier answers with: its kind and where it came from.
-ROW_FIELDS = ("kind", "dataset", "topic", "partition", "offset", "key", "path", "position")
-ROWS_SCHEMA = pa.schema([pa.field("rid", pa.int64()), pa.field("set", pa.int64())]
-                        + [NODE_SCHEMA.field(name).with_nullable(True) for name in ROW_FIELDS])
-ALIASES_SCHEMA = pa.schema([("old", pa.int64()), ("new", pa.int64())])
-DEPENDENCIES_SCHEMA = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64())])
-CUT_SCHEMA = pa.schema([("src_dataset", pa.string()), ("dst_dataset", pa.string())])
-
-
-def shard_root(store_dir: str | Path, topic: str, partition: int) -> Path:
-    return Path(store_dir) / topic / f"partition={partition}"
 
 
 class NodeLookup:
@@ -87,7 +77,7 @@ def static_datasets(nodes: pa.Table) -> set[str]:
 
 
 class Shard:
-    def __init__(self, root: str | Path, topic: str, partition: int, buckets: int = BUCKETS):
+    def __init__(self, root: str | Path, topic: str, partition: int, buckets: int = SHARD_BUCKETS):
         self.topic = topic
         self.partition = partition
         self.store = EdgeStore(root, buckets)

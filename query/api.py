@@ -47,8 +47,18 @@ from headwater.core.offsets import offset_ranges
 from headwater.core.plan import accumulates, location_key
 
 from .address import kafka_place, parse_source
-from .backend import (Answer, Gap, Lineage, LineageError, Question, UnknownRow, WalkingBackend, check_depth,
-                      lineage_of, ordered)
+from .backend import (
+    Answer,
+    Gap,
+    Lineage,
+    LineageError,
+    Question,
+    UnknownRow,
+    WalkingBackend,
+    check_depth,
+    lineage_of,
+    ordered,
+)
 from .cypher import CypherBackend
 from .datasets import Tables, names_table, shown
 from .explain import Explainer, rids_path
@@ -553,8 +563,8 @@ FOREVER = (1 << 63) - 1  # the last batch of a range that has no end
 
 def _through_state(backend: WalkingBackend, legs: list) -> dict[tuple[str, int], str | None]:
     """The batches not fully captured a walk went through by way of state nodes that gather rows across
-    batches, each with its capture status: backward from a state node reached by an output of batch b, every batch up to b
-    (a row may have entered its group in any of them: one not captured published no edge into it);
+    batches, each with its capture status: backward from a state node reached by an output of batch b, every batch up
+    to b (a row may have entered its group in any of them: one not captured published no edge into it);
     forward from one reached by an input of batch b, every batch from b on (one not captured published no
     edge out of it)."""
     spans: dict[tuple[str, bool], int] = {}  # (query, backward) -> the widest bound

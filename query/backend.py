@@ -14,17 +14,12 @@ from typing import Callable
 
 import pyarrow as pa
 
+from .errors import LineageError, UnknownRow
+from .walk import MAX_REACH, is_target, walk
+
 MAX_DEPTH = 64
 # What the stores record of a row (graph node properties, Parquet rows records).
 ROW_FIELDS = ("rid", "kind", "dataset", "topic", "partition", "offset", "key", "path", "position")
-
-
-class LineageError(ValueError):
-    """A lineage question that cannot be answered as asked (unknown rid, bad bound…)."""
-
-
-class UnknownRow(LineageError):
-    """The row asked about is not in the store: not captured, or not indexed yet."""
 
 
 @dataclass
@@ -164,7 +159,6 @@ def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: i
 
     ``cols`` (forward): only rows some of whose paths end in one of those columns.
     """
-    from .walk import is_target
 
     answer = []
     for row, reach in found.items():
@@ -262,7 +256,6 @@ class WalkingBackend:
              question: Question | None = None):
         """``walk.walk`` from ``starts``, and the records of every row it started from, found or ended on
         (``question``: one begun already, as ``question_from`` begins it)."""
-        from .walk import MAX_REACH, walk
 
         check_depth(depth)
         question = question or self._question(backward)

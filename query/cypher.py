@@ -13,7 +13,7 @@ import pyarrow as pa
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.indexer.graph import batch_fields, batch_statuses, gaps_between
+from headwater.store.graph import batch_fields, batch_statuses, gaps_between
 
 from .backend import ROW_FIELDS, Question, WalkingBackend, check_rid
 

@@ -23,7 +23,7 @@ from typing import Iterable
 
 from headwater.core import rid as rids
 
-from .backend import LineageError
+from .errors import LineageError
 
 # Where an identity may be cut to tell it apart from another: after a path, name or list separator.
 _BOUNDARY = re.compile(r"[/.,]")

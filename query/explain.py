@@ -17,7 +17,7 @@ this module turns both into what a person reads:
         None when the mask is unknown (-1 or None).
     Explainer(store_dir, log_topic)
         The kept plans of one log topic, read once and again only when the plans folder
-        changes (a stat of it and of each query's folder per call):
+        changes (``PlanStore.stamp``: a stat of it and of each query's folder per call):
         ``.queries() -> list[dict]``: ``{"name", "sink", "sources", "output_columns"}`` of each
         query with a plan, by name; ``sources`` each ``{"id", "kind", "name", "dataset"}``.
         ``.operators_of(query, batch=None) -> list[dict] | None``: ``operators`` of the plan that
@@ -49,8 +49,6 @@ only when a query's page asks for them).
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import threading
 from pathlib import Path
@@ -58,6 +56,7 @@ from pathlib import Path
 from headwater.core import rid as rids
 from headwater.core.offsets import partition_offsets
 from headwater.core.plan import state_dataset
+from headwater.store.plans import PlanStore
 
 # Operator kinds, from the IR's (``plan._KINDS``): what ``operators`` gives as ``kind``.
 KINDS = {
@@ -71,7 +70,6 @@ KINDS = {
 FOREACH_BATCH = {"id": rids.FOREACH_BATCH_OP, "kind": "black box", "name": "foreachBatch",
                  "spark_class": "foreachBatch", "inputs": []}
 _WINDOW_TYPE = "struct<start:timestamp,end:timestamp>"
-_FILE = re.compile(r"^(\d{12})-([0-9a-f]+)\.json$")
 
 
 def columns(output_columns: list[str] | None, mask: int | None) -> list[str] | None:
@@ -503,10 +501,9 @@ class Explainer:
     """
 
     def __init__(self, store_dir: str | Path, log_topic: str):
-        self.root = Path(store_dir) / log_topic / "plans"
+        self._store = PlanStore(store_dir, log_topic)
         self.store_dir, self.log_topic = store_dir, log_topic
         self._seen: tuple | None = None
-        self._folders: list[str] = []
         self._plans: dict[str, list[tuple[int, Plan]]] = {}  # by query: (from_batch, plan), in order
         self._files: dict[Path, tuple[int, Plan]] = {}
         self._sinks: dict[str, str] = {}
@@ -515,50 +512,27 @@ class Explainer:
         self._lock = threading.RLock()
         self._datasets: tuple[tuple, dict] | None = None  # datasets(), and the plans it was made of
 
-    def _stamp(self, folders: list[str]) -> tuple:
-        """What changes when a plan is written: the plans folder's modification time (a new query) and each
-        query folder's (a new plan)."""
-        try:
-            return (self.root.stat().st_mtime_ns,
-                    tuple((name, (self.root / name).stat().st_mtime_ns) for name in folders))
-        except FileNotFoundError:
-            return ()
-
     def refresh(self) -> "Explainer":
         """Read the plans written since the last call; when none was, this is a stat per query folder."""
         with self._lock:
             return self._refresh()
 
     def _refresh(self) -> "Explainer":
-        if self._seen is not None and self._stamp(self._folders) == self._seen:
+        stamp = self._store.stamp()  # before reading: a plan written meanwhile changes it again
+        if self._seen is not None and stamp == self._seen:
             return self
-        try:
-            folders = sorted(n for n in os.listdir(self.root) if re.fullmatch(r"[0-9a-f]+", n))
-        except FileNotFoundError:
-            folders = []
-        stamp = self._stamp(folders)  # before reading: a plan written meanwhile changes it again
         plans: dict[str, list[tuple[int, Plan]]] = {}
         files = {}
-        for name in folders:
-            folder = self.root / name
-            try:
-                listed = sorted(n for n in os.listdir(folder) if _FILE.match(n))
-            except FileNotFoundError:
-                continue
-            for file_name in listed:
-                path = folder / file_name
-                held = self._files.get(path)
-                if held is None:
-                    try:
-                        with open(path) as f:
-                            kept = json.load(f)
-                    except (OSError, ValueError):
-                        continue
-                    held = (int(_FILE.match(file_name).group(1)), Plan(kept))
-                files[path] = held
-                query = held[1].query or bytes.fromhex(name).decode()
-                plans.setdefault(query, []).append(held)
-        self._files, self._plans, self._folders, self._seen = files, plans, folders, stamp
+        for query, from_batch, path in self._store.kept():
+            held = self._files.get(path)
+            if held is None:
+                kept = self._store.read(path)
+                if kept is None:
+                    continue
+                held = (from_batch, Plan(kept))
+            files[path] = held
+            plans.setdefault(held[1].query or query, []).append(held)
+        self._files, self._plans, self._seen = files, plans, stamp
         # A sink named by where it writes (``parquet:/out``, ``table:NAME``) and written by one query only.
         written: dict[str, list[str]] = {}
         for query, versions in plans.items():
@@ -620,7 +594,7 @@ class Explainer:
 
     def topics(self, query: str | None = None) -> list[str]:
         """The Kafka topics the latest logged batch of ``query`` (default: of each query) read, from the batch log."""
-        from headwater.indexer.batch_log import BatchLog
+        from headwater.store.batch_log import BatchLog
 
         with self._lock:
             try:

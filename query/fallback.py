@@ -34,14 +34,20 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from headwater.adapters.table_files import TableUnreadable, local_path, read_table, sink_batch_files, \
-    table_version, uri_path
+from headwater.adapters.table_files import (
+    TableUnreadable,
+    local_path,
+    read_table,
+    sink_batch_files,
+    table_version,
+    uri_path,
+)
 from headwater.core import rid as rids
 from headwater.core.config import Config
 from headwater.core.offsets import offset_ranges
 from headwater.core.plan import location_key
-from headwater.indexer.batch_log import BatchLog
-from headwater.indexer.plans import PlanStore
+from headwater.store.batch_log import BatchLog
+from headwater.store.plans import PlanStore
 
 from .backend import Lineage, LineageError
 from .infer.operators import Plan, Relation, build

@@ -61,16 +61,15 @@ from headwater.adapters.kafka import BrokerUnavailable, KafkaSourceError
 from headwater.adapters.readiness import GraphProbe, folder_problem
 from headwater.core import config as configuration
 from headwater.core.config import Config
-from headwater.indexer.batch_log import BatchLog
-from headwater.indexer.generation import compacted_root, current_number
-from headwater.indexer.store import EdgeStore
+from headwater.core.offsets import offset_ranges
+from headwater.store.batch_log import BatchLog
+from headwater.store.generation import store_version
 
 from . import api
 from . import metrics as query_metrics
 from .address import SOURCE_FORMS, checked_source
 from .backend import MAX_DEPTH, OPTIONAL_FIELDS, Lineage, LineageError, UnknownRow, check_depth
 from .explain import Explainer
-from headwater.core.offsets import offset_ranges
 from .where import MAX_SELECTED
 
 TOKEN_ENV = "HEADWATER_HTTP_TOKEN"
@@ -555,14 +554,6 @@ def openapi(default_backend: str, secured: bool) -> dict:
     return document
 
 
-def _store_stamp(config: Config) -> tuple:
-    """Changes whenever what a Parquet backend reads would: a new generation, a shard's range committed or dropped."""
-    store, topic = config.store_path(), config.edges_topic
-    shards = tuple((folder.name, tuple(EdgeStore(folder).committed()))
-                   for folder in sorted((store / topic).glob("partition=*")))
-    return current_number(compacted_root(store, topic)), shards
-
-
 # Backends that read the Parquet store as it was when they were made (``parquet.StoreView``).
 _SNAPSHOTS = ("csprov", "rq", "auto")
 
@@ -602,7 +593,7 @@ class _Clients:
                 client = self._shared[backend]
             yield client
             return
-        stamp = _store_stamp(self.config)
+        stamp = store_version(self.config.store_path(), self.config.edges_topic)
         with self._lock:
             self._latest[backend] = stamp
             idle = self._idle.setdefault(backend, [])

@@ -30,10 +30,9 @@ import pyarrow.dataset as ds
 
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.indexer.batch_log import BatchLog
-from headwater.indexer.generation import Generation, snapshot
-from headwater.indexer.shard import ROWS_SCHEMA
-from headwater.indexer.store import STORE_SCHEMA
+from headwater.store.batch_log import BatchLog
+from headwater.store.edges import ROWS_SCHEMA, STORE_SCHEMA
+from headwater.store.generation import Generation, snapshot
 
 from .backend import Question, WalkingBackend
 

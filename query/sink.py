@@ -6,16 +6,16 @@ a predicate over dates or decimals…). A traced query's sink rows carry their r
 ``parquet:/path``, ``json:/path``, ``orc:/path``, ``table:NAME``. ``select`` reads the sink
 with Spark, keeps the rows the predicate holds for, and returns their rids.
 
-The predicate is checked twice before it runs: by ``where.parse_predicate`` and by Spark's
+The predicate is checked twice before it runs: by ``predicate.parse_predicate`` and by Spark's
 own parser, whose tree must hold no subquery (which could read other tables) and call only
-the value functions of ``where.FUNCTIONS`` (``reflect``, ``java_method`` and the like run
+the value functions of ``predicate.FUNCTIONS`` (``reflect``, ``java_method`` and the like run
 arbitrary code), so it can only select rows of that sink.
 """
 
 from __future__ import annotations
 
-from .backend import LineageError
-from .where import FUNCTIONS, MAX_SELECTED, READABLE, RID_COLUMN, parse_predicate
+from .errors import LineageError
+from .predicate import FUNCTIONS, MAX_SELECTED, READABLE, RID_COLUMN, parse_predicate
 
 # Expression nodes that reach beyond the sink's rows.
 REFUSED_NODES = ("Subquery", "Exists", "ListQuery", "Lateral", "Outer")
@@ -39,7 +39,7 @@ def _children(expression) -> list:
 
 def check_predicate(spark, where: str) -> None:
     """``LineageError`` unless ``where`` is one plain Spark SQL expression (no subqueries, known functions only),
-    to ``where.parse_predicate`` and to Spark's parser alike."""
+    to ``predicate.parse_predicate`` and to Spark's parser alike."""
     parse_predicate(where)
     parser = spark._jsparkSession.sessionState().sqlParser()
     try:

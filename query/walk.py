@@ -48,8 +48,8 @@ from typing import Callable
 
 import pyarrow as pa
 
-from .backend import LineageError
 from .datasets import names_table
+from .errors import LineageError
 
 KINDS = ("source", "state", "output")
 MAX_REACH = 1_000_000  # rows a walk may reach before it is refused as unbounded

@@ -15,8 +15,8 @@ import sys
 
 from pyspark.sql import functions as F
 
+from headwater.adapters.spark import spark_session
 from headwater.capture import attach
-from headwater.demo.run import spark_session
 
 
 def main(name: str, folder: str, sink: str, checkpoint: str, executor_folder: str, files: int) -> None:

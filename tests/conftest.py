@@ -16,7 +16,6 @@ from headwater.adapters.kafka import list_topics
 from headwater.deploy.kafka_server import KafkaServer
 from headwater.deploy.stack import Stack, free_port
 
-
 # Fixtures that start a server or a Spark session, or fetch a tool: a module whose tests use none is fast.
 _SLOW_FIXTURES = {"stack", "spark", "broker", "demo_home", "tools"}
 
@@ -24,9 +23,13 @@ _SLOW_FIXTURES = {"stack", "spark", "broker", "demo_home", "tools"}
 def pytest_collection_modifyitems(items):
     """A fast tier first: the modules none of whose tests starts a server or Spark run before the rest, each
     module's tests kept together and in their order, so a plain mistake fails in a minute, not in the hour."""
-    slow = {item.module for item in items
-            if _SLOW_FIXTURES & set(item.fixturenames) or item.get_closest_marker("spark")
-            or item.get_closest_marker("stack")}
+    for item in items:  # so that ``-m "not spark and not stack"`` selects the fast tier alone
+        uses = set(item.fixturenames)
+        if uses & {"spark"}:
+            item.add_marker("spark")
+        if uses & (_SLOW_FIXTURES - {"spark"}):
+            item.add_marker("stack")
+    slow = {item.module for item in items if item.get_closest_marker("spark") or item.get_closest_marker("stack")}
     items.sort(key=lambda item: item.module in slow)
 
 
@@ -139,7 +142,7 @@ def records_read(query) -> dict[tuple[str, int, int], int]:
 
 def stored_edges(config) -> Counter:
     """Every committed edge in every shard of the store, counted."""
-    from headwater.indexer.store import EdgeStore
+    from headwater.store.edges import EdgeStore
 
     found: Counter = Counter()
     for shard in sorted((Path(config.store_dir) / config.edges_topic).glob("partition=*")):
@@ -210,7 +213,7 @@ def spark(stack, tmp_path_factory):
     # Spark's Python workers unpickle the tests' UDFs by module name: let them import tests.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    from headwater.demo.run import spark_session
+    from headwater.adapters.spark import spark_session
 
     warehouse = tmp_path_factory.mktemp("warehouse")
     session = spark_session("headwater-tests", **{"spark.sql.warehouse.dir": str(warehouse)})

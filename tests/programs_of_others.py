@@ -8,8 +8,8 @@ events). It returns the program's final DataFrame and
 its own output mode, for the test to write in place of the original's console sink: traced
 (``tracer.trace(df, name=…).writeStream.outputMode(mode).format("parquet")`` with a checkpoint), or
 untraced (``foreachBatch`` appending each batch to Parquet), with a processing-time trigger of 1 s
-(2 s for the applyInPandasWithState program, below) where the originals have Spark's default. Nothing between the source and the sink
-is changed but what the comment above a program says, not even the names (``bootstrapServers``,
+(2 s for the applyInPandasWithState program, below) where the originals have Spark's default. Nothing between the
+source and the sink is changed but what the comment above a program says, not even the names (``bootstrapServers``,
 ``windowedCounts``, ``func``).
 """
 
@@ -60,8 +60,9 @@ def structured_kafka_wordcount(spark, bootstrapServers: str, topics: str, maxOff
 # with its docstring's recommended window of 10 s sliding every 5 s (`windowSize`, `slideSize`).
 # Changed: the source, `format("socket")` with `includeTimestamp` (a string `value` and a `timestamp`
 # per line), is the Kafka topic of the lines (with `maxOffsetsPerTrigger`),
-# `selectExpr("CAST(value AS STRING) AS value", "timestamp")`: the line and its record's timestamp; the sink, `format("console")` with `truncate`, is the test's
-# Parquet sink, in the program's own output mode, complete. Kept: `.orderBy("window")`.
+# `selectExpr("CAST(value AS STRING) AS value", "timestamp")`: the line and its record's timestamp; the sink,
+# `format("console")` with `truncate`, is the test's Parquet sink, in the program's own output mode, complete.
+# Kept: `.orderBy("window")`.
 def structured_network_wordcount_windowed(spark, bootstrap: str, topic: str, maxOffsetsPerTrigger: int,
                                           windowSize: int = 10, slideSize: int = 5):
     windowDuration = "{} seconds".format(windowSize)
@@ -254,8 +255,8 @@ def guide_stream_stream_join(spark, bootstrap: str, impressions_topic: str, clic
 # Changed: the source (`streamingDf = spark.readStream. ...`, "columns: guid, eventTime, ...") is a
 # Kafka topic of JSON events (with `maxOffsetsPerTrigger`) with those columns and one more,
 # `attempt` (which delivery of the event a record is, so the row kept names its record); the sink,
-# which the guide leaves out, is the test's Parquet sink in append mode. The guide's Python passes the columns as arguments,
-# `dropDuplicates("guid", "eventTime")`, which PySpark refuses (`subset` is one list): they are a list.
+# which the guide leaves out, is the test's Parquet sink in append mode. The guide's Python passes the columns as
+# arguments, `dropDuplicates("guid", "eventTime")`, which PySpark refuses (`subset` is one list): they are a list.
 def guide_dedup_with_watermark(spark, bootstrap: str, topic: str, maxOffsetsPerTrigger: int):
     streamingDf = _guide_stream(spark, bootstrap, topic, "guid STRING, eventTime TIMESTAMP, attempt INT",
                                 maxOffsetsPerTrigger)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
+from headwater.adapters.spark import spark_session
 from headwater.capture import attach
-from headwater.demo.run import spark_session
 
 
 def sleep_then_count(df, batch_id):

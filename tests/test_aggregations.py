@@ -20,8 +20,8 @@ from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
-from headwater.demo import orders as demo_data
 from headwater.core.rid import kafka_rid
+from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
 
 from .conftest import index, own_topics, while_initializing
@@ -35,7 +35,8 @@ LATE_IDS = (900, 901)
 def rounds() -> list[list[dict]]:
     out = []
     for r in range(ROUNDS):
-        events = [{"id": r * 100 + i, "k": i % 4, "v": (i * 7 + r) % 23 - 5, "t": at(r * 40 + i * 2)} for i in range(12)]
+        events = [{"id": r * 100 + i, "k": i % 4, "v": (i * 7 + r) % 23 - 5, "t": at(r * 40 + i * 2)}
+                  for i in range(12)]
         if r == ROUNDS - 1:
             # Each availableNow run resumes with the watermark its last batch ran with (one
             # round behind): by the last round it is past 50 s, so t=1 s is late.
@@ -190,7 +191,8 @@ def check_against_events(name: str, rows) -> None:
             assert all(m["k"] == row["k"] for m in members)
         if "ids" in row:
             values = [m["v"] for m in members]
-            assert (row["n"], row["total"], row["low"], row["high"]) == (len(ids), sum(values), min(values), max(values))
+            assert (row["n"], row["total"], row["low"], row["high"]) \
+                == (len(ids), sum(values), min(values), max(values))
     if name in ("keyed_update", "global_complete"):
         last = {}
         for row in rows:

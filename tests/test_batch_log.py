@@ -18,11 +18,11 @@ import pytest
 from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import CAPTURE_STATUSES, LOG_BATCH, LOG_PLAN, LOG_PROGRESS, encode_log
-from headwater.indexer.batch_log import RUN_RECORDS, BatchLog, BatchLogWriter, partition_root
-from headwater.indexer.graph import GraphWriter, batch_graph, batch_statuses
 from headwater.indexer.service import Indexer
 from headwater.query import cypher
 from headwater.query.cypher import CypherBackend
+from headwater.store.batch_log import RUN_RECORDS, BatchLog, BatchLogWriter, partition_root
+from headwater.store.graph import GraphWriter, batch_graph, batch_statuses
 
 from .conftest import index
 
@@ -104,7 +104,8 @@ def test_the_reader_merges_like_brute_force_through_crashes_replays_and_new_epoc
     log = BatchLog(tmp_path, TOPIC)
 
     def take_over(p: int) -> None:
-        """A new owner; like the indexer, it starts a new epoch where the group has no offset but the folder holds entries."""
+        """A new owner; like the indexer, it starts a new epoch where the group has no offset but the folder holds
+        entries."""
         owner[p] = BatchLogWriter(tmp_path, TOPIC, run_records)
         if committed[p] == 0 and owner[p].holds(p):
             epoch[p] = owner[p].new_epoch(p)
@@ -332,8 +333,8 @@ def test_the_store_and_the_graph_give_the_same_gap_map(config):
                            "RETURN b.query AS query, b.batch AS batch, d.name AS name, properties(r) AS p",
                            queries=queries):
                 reads.setdefault((r["query"], r["batch"]), []).append({"dataset": r["name"], **r["p"]})
-            assert batch_statuses(s, [(queries[1], 8), (queries[1], 99)]) == {(queries[1], 8): expected[(queries[1], 8)],
-                                                                               (queries[1], 99): None}
+            assert batch_statuses(s, [(queries[1], 8), (queries[1], 99)]) == {
+                (queries[1], 8): expected[(queries[1], 8)], (queries[1], 99): None}
     assert graph == expected
     assert log.statuses(pairs) == expected
     # Every field of every batch as the graph has it (graph.batch_graph: durations as properties, sources

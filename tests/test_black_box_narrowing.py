@@ -21,18 +21,17 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from bench.black_box_narrowing import sessions
 from headwater.core import signing
-from headwater.demo.run import end_offsets, run_until
+from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
+from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient, choices
 from headwater.query.narrow.narrower import NarrowStore
-from headwater.core.offsets import partition_offsets
 
 from . import pipelines
-from .oracle import as_input
-from bench.black_box_narrowing import sessions
-
 from .conftest import index, local_file, sink_file_batches, while_initializing
+from .oracle import as_input
 from .test_black_boxes import parsed, records_read
 from .test_reexecute import centre, jitter
 

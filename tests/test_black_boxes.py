@@ -22,11 +22,11 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from headwater.capture import UnsupportedPlanError
+from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
-from headwater.core.offsets import partition_offsets
 
 from . import pipelines
 from .conftest import index, local_file, sink_file_batches

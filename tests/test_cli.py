@@ -172,9 +172,11 @@ PREDICATES = [
     ("if(flag, 1, 0) = 1", "arrow"), ("if(i > 0, 'pos', 'neg') = 'neg'", "arrow"),
     ("CASE WHEN i > 10 THEN 'a' WHEN i > 0 THEN 'b' ELSE 'c' END = 'b'", "arrow"),
     ("CASE t WHEN 0 THEN true WHEN 1 THEN false END", "arrow"), ("isnull(i)", "arrow"), ("isnotnull(flag)", "arrow"),
-    ("i <=> NULL", "arrow"), ("NOT (i <=> t)", "arrow"), ("i > NULL OR id = 3", "arrow"), ("ts IS NULL OR id < 3", "arrow"),
+    ("i <=> NULL", "arrow"), ("NOT (i <=> t)", "arrow"), ("i > NULL OR id = 3", "arrow"),
+    ("ts IS NULL OR id < 3", "arrow"),
     ("id IN (1, 2.0, 3)", "arrow"), ("cast(i as bigint) > 10", "arrow"), ("cast(id as double) / 3 > 5", "arrow"),
-    ("5L = id OR 2D > id OR 3BD = id OR 1E1 = id", "arrow"), ("t IN (0, 1)", "arrow"), ("ID = 3 OR Name = 'alpha'", "arrow"),
+    ("5L = id OR 2D > id OR 3BD = id OR 1E1 = id", "arrow"), ("t IN (0, 1)", "arrow"),
+    ("ID = 3 OR Name = 'alpha'", "arrow"),
     ("id = 7 AND name = 'alpha' OR flag", "arrow"), ("true", "arrow"),
     # What Spark must evaluate: non-ASCII text under lower/upper, decimals, timestamps, strings as numbers,
     # errors Spark raises (an overflow, a division by zero: ANSI mode), functions not modelled here.

@@ -19,9 +19,10 @@ from bench.workload import chain_messages, lineage_messages
 from headwater.cli import main
 from headwater.indexer import metrics
 from headwater.indexer.compaction import COMPONENTS, CompactionBusy, compact
-from headwater.indexer.generation import Generation, compacted_root
 from headwater.indexer.sets import components
-from headwater.indexer.shard import Shard, shard_root
+from headwater.indexer.shard import Shard
+from headwater.store.edges import shard_root
+from headwater.store.generation import Generation, compacted_root
 
 from .test_sets import random_lineage, reach
 from .test_shard import pairs

@@ -25,8 +25,8 @@ from headwater.capture import attach
 from headwater.core.offsets import offset_ranges
 from headwater.demo import orders as demo_data
 from headwater.demo.run import end_offsets, run_until
-from headwater.indexer.batch_log import BatchLog
 from headwater.query.api import LineageClient
+from headwater.store.batch_log import BatchLog
 
 from . import pipelines
 from .conftest import index, local_file, own_topics, sink_file_batches

@@ -24,11 +24,11 @@ from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 from headwater.demo.run import count_malformed, end_offsets, run_pipeline
-from headwater.indexer.plans import PlanStore
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
 from headwater.query.fallback import Fallback
 from headwater.query.infer.operators import build
+from headwater.store.plans import PlanStore
 
 from .conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches
 from .oracle import as_input, demo_lineage

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from headwater.indexer.plans import PlanStore
 from headwater.query.backend import Lineage, LineageError
 from headwater.query.explain import Explainer, columns, duration, operators
+from headwater.store.plans import PlanStore
 
 # Hand-written plans, as capture logs them: the IR (headwater.core.plan), and Spark's optimized plan
 # records, whose expressions are flattened in pre-order with each node's number of children.
@@ -289,7 +289,8 @@ def run(spark, stack_config, tmp_path_factory):
     from headwater.demo.run import end_offsets, run_pipeline
 
     from .conftest import index, own_topics
-    from .test_aggregations import run as run_aggregation, sink_of
+    from .test_aggregations import run as run_aggregation
+    from .test_aggregations import sink_of
 
     config, tag = own_topics(stack_config, "explain")
     topic = f"orders-{tag}"

@@ -30,9 +30,9 @@ from playwright.sync_api import sync_playwright
 
 from bench.http_load import demo_env, serving
 from headwater.adapters.table_files import uri_path
-from headwater.deploy import tools
-from headwater.indexer.batch_log import BatchLog
 from headwater.core.offsets import offset_ranges
+from headwater.deploy import tools
+from headwater.store.batch_log import BatchLog
 
 SHOTS = Path("/tmp/explorer-shots")
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,11 +45,12 @@ def log_only_run(home: str, orders: int = 300) -> None:
     """The demo pipeline on a topic of its own, traced with capture="log-only" as ``LOG_ONLY_QUERY``, then
     indexed: its batches are in the batch log (with the files each wrote), no edges anywhere."""
     from headwater.adapters.kafka import ensure_topics
+    from headwater.adapters.spark import spark_session
     from headwater.capture import attach
     from headwater.core import config as configuration
     from headwater.demo import orders as data
     from headwater.demo.pipeline import enriched_orders
-    from headwater.demo.run import end_offsets, run_until, spark_session
+    from headwater.demo.run import end_offsets, run_until
     from headwater.indexer.service import Indexer
 
     folder = Path(home) / "demo"

@@ -17,9 +17,9 @@ from headwater.adapters.kafka import ensure_topics
 from headwater.core.rid import kafka_rid, table_rid, table_row_rid
 from headwater.demo import orders as data
 from headwater.demo.run import end_offsets, run_pipeline
-from headwater.indexer.plans import PlanStore
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError, UnknownRow
+from headwater.store.plans import PlanStore
 
 from .conftest import index, own_topics, records_read, sink_file_batches
 from .oracle import as_input, demo_lineage, derived_from, parse

@@ -7,7 +7,6 @@ not captured named as the answer's gap."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pyarrow.dataset as ds
 import pytest

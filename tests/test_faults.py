@@ -24,8 +24,8 @@ from headwater.adapters.graph import driver
 from headwater.capture import attach
 from headwater.capture.delivery import Breaker, Spill
 from headwater.core.schema import LOG_BATCH, LOG_PROGRESS
-from headwater.indexer.batch_log import BatchLog
-from headwater.indexer.graph import batch_statuses
+from headwater.store.batch_log import BatchLog
+from headwater.store.graph import batch_statuses
 
 from .conftest import index, own_topics, read_log, stop_when_idle, wait_batches
 

@@ -32,12 +32,13 @@ from click.testing import CliRunner
 from headwater.cli import main as cli
 from headwater.core.config import Config
 from headwater.core.rid import FOREACH_BATCH_OP, kafka_rid, state_rid, table_rid
-from headwater.indexer.shard import Shard, shard_root
+from headwater.indexer.shard import Shard
 from headwater.query import api, http
 from headwater.query.address import parse_source
 from headwater.query.api import LineageClient
 from headwater.query.backend import MAX_DEPTH, Lineage, LineageError, WalkingBackend
 from headwater.query.walk import Walk
+from headwater.store.edges import shard_root
 from tests.test_query_backends import oracle, pipeline, summary
 
 TOKEN = secrets.token_urlsafe(24)
@@ -367,7 +368,8 @@ def test_the_store_unavailable_is_503_and_the_server_goes_on(store, client, serv
     status, body = ask(server, "backward", {"rid": start, "backend": "auto"})
     assert status == 200 and body == body_of(client.backward(start)) and body["answer"]
     status, body = ask(server, "backward", {"rid": 12345, "backend": "auto"})
-    assert status == 404 and "graph store did not answer" in body["error"] and "not in the lineage store" in body["error"]
+    assert status == 404 and "graph store did not answer" in body["error"] \
+        and "not in the lineage store" in body["error"]
 
 
 def test_max_results_cuts_answers(store, client):

@@ -13,8 +13,8 @@ from prometheus_client import REGISTRY
 from bench.graph_hub_writes import black_box_write
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, LOG_PROGRESS, NODE_SCHEMA, encode_lineage, encode_log
-from headwater.indexer.graph import GraphWriter
 from headwater.query.api import LineageClient
+from headwater.store.graph import GraphWriter
 
 from .conftest import index
 
@@ -193,7 +193,7 @@ def test_concurrent_sessions_write_exactly_the_edges_and_a_write_cut_short_is_co
                 self.cut, transactions = False, transactions[:-1]
             super()._concurrently(transactions)
 
-    from headwater.indexer import graph
+    from headwater.store import graph
 
     for sessions, seed in ((1, 31), (4, 32)):
         prefix = f"q-sessions-{uuid.uuid4().hex[:6]}-"

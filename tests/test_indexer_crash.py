@@ -51,7 +51,7 @@ def wait_for(log: Path, text: str, proc: subprocess.Popen, timeout_s: float = 90
 
 def check_set_index(config) -> None:
     """Each shard recorded every row of its edges exactly once, at its first sight (the rid → set index)."""
-    from headwater.indexer.store import EdgeStore
+    from headwater.store.edges import EdgeStore
 
     for shard in sorted((Path(config.store_dir) / config.edges_topic).glob("partition=*")):
         store = EdgeStore(shard)

@@ -20,9 +20,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from headwater.capture import jar
+from headwater.capture.delivery import DeliverySettings
 from headwater.capture.journal import PROPERTY, Drain, Group, Publisher, Setting, payloads, read, sampled
 from headwater.capture.lineage import BatchContext, SourceEdges
-from headwater.capture.delivery import DeliverySettings
 from headwater.core import rid as rids
 from headwater.core.schema import decode_lineage
 from headwater.deploy.stack import free_port

@@ -12,9 +12,9 @@ from collections import Counter
 
 import pytest
 
+from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient
-from headwater.core.rid import kafka_rid
 from headwater.query.backend import LineageError
 
 from . import pipelines

@@ -34,7 +34,8 @@ def test_ir_from_records_classifies_folds_static_subtrees_and_masks_columns():
     raw = [
         node("Project", [attr("a", 1), attr("c", 9)], 1,
              projectList=[[ref(1)], [alias(9), {"class": "Add"}, ref(2), ref(4)]]),
-        node("Join", [attr("a", 1), attr("b", 2), attr("d", 4)], 2, joinType={"object": "org.apache.spark.sql.catalyst.plans.Inner$"}),
+        node("Join", [attr("a", 1), attr("b", 2), attr("d", 4)], 2,
+             joinType={"object": "org.apache.spark.sql.catalyst.plans.Inner$"}),
         node("StreamingRelationV2", [attr("a", 1), attr("b", 2)]),
         node("SubqueryAlias", [attr("d", 4)], 1, streaming=False, identifier={"name": "dims"}),
         node("Filter", [attr("d", 4)], 1, streaming=False),

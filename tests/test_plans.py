@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headwater.indexer.plans import PlanStore
+from headwater.store.plans import PlanStore
 
 
 def test_the_plan_of_a_batch_is_the_latest_that_started_at_or_before_it(tmp_path):

@@ -37,10 +37,10 @@ from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.capture import attach
+from headwater.core.offsets import partition_offsets, reached
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH
 from headwater.query.api import LineageClient
-from headwater.core.offsets import partition_offsets, reached
 
 from . import programs_of_others as programs
 from .conftest import index, local_file, own_topics, read_log, records_read, stop_when_idle, while_initializing

@@ -19,12 +19,13 @@ import pytest
 
 from bench.workload import _edges, _nodes
 from headwater.indexer.compaction import compact
-from headwater.indexer.graph import GraphWriter
-from headwater.indexer.shard import Shard, shard_root
+from headwater.indexer.shard import Shard
 from headwater.query.backend import LineageError
 from headwater.query.cypher import CypherBackend
 from headwater.query.parquet import CSProvBackend, RecursiveBackend, StoreView
 from headwater.query.walk import is_target
+from headwater.store.edges import shard_root
+from headwater.store.graph import GraphWriter
 
 
 def pipeline(seed: int, batches: int, tag: str):
@@ -303,8 +304,8 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
     the edges of a few totals batches are never written (their capture was off), so
     their output rows have no recorded inputs.
     """
-    from headwater.indexer.batch_log import BatchLogWriter
     from headwater.query.api import LineageClient
+    from headwater.store.batch_log import BatchLogWriter
 
     tag = "c" + uuid.uuid4().hex[:6]
     config = stack_config.with_overrides(store_dir=str(tmp_path), edges_topic=f"{tag}.edges", log_topic=f"{tag}.log")

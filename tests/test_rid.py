@@ -7,8 +7,16 @@ import struct
 import pytest
 
 from headwater.core import rid
-from headwater.core.rid import (Int, UnhashableType, kafka_offset, kafka_rid, spark_xxhash64, table_rid, table_row_rid,
-                                xxh64)
+from headwater.core.rid import (
+    Int,
+    UnhashableType,
+    kafka_offset,
+    kafka_rid,
+    spark_xxhash64,
+    table_rid,
+    table_row_rid,
+    xxh64,
+)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +58,8 @@ def test_python_twin_equals_spark_xxhash64(spark):
         text = "".join(rng.choice(string.printable + "éß中") for _ in range(rng.randint(0, 80)))
         rows.append((text, rng.randint(-(1 << 31), (1 << 31) - 1), rng.randint(-(1 << 63), (1 << 63) - 1)))
     df = spark.createDataFrame(rows, "s string, i int, l long")
-    got = df.selectExpr("s", "i", "l", "xxhash64('kafka', s, i, l) AS h", "xxhash64('table', 'customers', s) AS t").collect()
+    got = df.selectExpr("s", "i", "l", "xxhash64('kafka', s, i, l) AS h",
+                        "xxhash64('table', 'customers', s) AS t").collect()
     for row in got:
         assert row.h == spark_xxhash64("kafka", row.s, Int(row.i), row.l)
         assert row.t == table_rid("customers", row.s)

@@ -2,7 +2,14 @@ import pyarrow as pa
 import pytest
 
 from headwater.core.schema import (
-    EDGE_SCHEMA, LOG_BATCH, NODE_SCHEMA, PayloadError, decode_lineage, decode_log, encode_lineage, encode_log,
+    EDGE_SCHEMA,
+    LOG_BATCH,
+    NODE_SCHEMA,
+    PayloadError,
+    decode_lineage,
+    decode_log,
+    encode_lineage,
+    encode_log,
 )
 
 

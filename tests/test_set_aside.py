@@ -21,10 +21,10 @@ import pytest
 from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, encode_lineage, encode_log
 from headwater.indexer.compaction import compact
-from headwater.indexer.generation import Generation
 from headwater.query.api import LineageClient
 from headwater.query.backend import ROW_FIELDS, UnknownRow
 from headwater.query.parquet import StoreView
+from headwater.store.generation import Generation
 
 from .conftest import index
 from .test_query_backends import oracle, pipeline

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from headwater.indexer.sorted_files import SortedFiles
+from headwater.store.sorted_files import SortedFiles
 
 
 def test_reads_exactly_the_rows_with_the_keys_asked_for(tmp_path):

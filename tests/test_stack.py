@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from neo4j import GraphDatabase
 from neo4j.exceptions import AuthError
 
@@ -104,7 +103,8 @@ def test_a_taken_query_port_leaves_the_stores_up_and_questions_in_process(tmp_pa
             assert any(f"port {port} on 127.0.0.1 is taken" in line and "in-process" in line for line in said)
             asked = cli(tmp_path, "lineage", "backward", "--rid", "1")
             assert asked.returncode == 2 and asked.stdout == ""
-            assert "is not in the lineage" in json.loads(asked.stderr)["error"]  # no service: the stores, asked in-process
+            # no service: the stores, asked in-process
+            assert "is not in the lineage" in json.loads(asked.stderr)["error"]
         finally:
             local.down()
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 import pytest
 from pyspark.sql import functions as F
 

@@ -31,18 +31,26 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics
-from headwater.capture.budget import LOG_ONLY
 from headwater.capture import attach
+from headwater.capture.budget import LOG_ONLY
 from headwater.capture.sinks.spark_sinks import FileSink
+from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH
 from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
 from headwater.query.backend import LineageError
-from headwater.core.offsets import partition_offsets
 
-from .conftest import (edges_published, index, local_file, own_topics, read_log, records_read, sink_file_batches,
-                       stop_when_idle)
+from .conftest import (
+    edges_published,
+    index,
+    local_file,
+    own_topics,
+    read_log,
+    records_read,
+    sink_file_batches,
+    stop_when_idle,
+)
 from .oracle import as_input
 from .test_sinks import fail_after_write
 

@@ -217,7 +217,8 @@ def test_forward_from_a_table_row_reaches_only_its_own_querys_rows(world):
                 assert {x.rid for x in client.forward(rid)} == want, (version, sensor, zone)
         # The short name both tables answer to is no address: the answer says which names are.
         with pytest.raises(LineageError, match=r"3 static tables are called 'sites': name one of "
-                                               r"sites@v1/sites.parquet, sites@v2/sites.parquet, sites@v3/sites.parquet"):
+                                               r"sites@v1/sites.parquet, sites@v2/sites.parquet, "
+                                               r"sites@v3/sites.parquet"):
             client.forward("table:sites:s0")
 
 
@@ -277,7 +278,8 @@ def test_over_http_too(world):
     server = serve(world["config"], port=0, say=lambda _: None)
     try:
         def get(route: str, **params) -> tuple[int, dict]:
-            url = f"http://127.0.0.1:{server.port}/v1/lineage/{route}?" + "&".join(f"{k}={v}" for k, v in params.items())
+            url = f"http://127.0.0.1:{server.port}/v1/lineage/{route}?" \
+                + "&".join(f"{k}={v}" for k, v in params.items())
             try:
                 with urllib.request.urlopen(url, timeout=60) as response:
                     return response.status, json.loads(response.read())

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headwater.indexer.store import STORE_SCHEMA, EdgeStore
+from headwater.store.edges import STORE_SCHEMA, EdgeStore
 
 
 def edges(seed: int, n: int = 500, sets: int = 40) -> pa.Table:
@@ -118,7 +118,8 @@ def test_dropped_ranges_stay_resumed_past_and_are_not_written_again(tmp_path):
     assert as_set(store.read()) == as_set(parts[2]) | as_set(parts[3]) | as_set(edges(20))
     assert len(store.committed()) == 3 and store.size_bytes() < size
     assert not any(name.startswith("edges~0~000000000000") for name in
-                   [p.name for kind in ("rows", "edges/bucket=0", "edges/bucket=1") for p in (tmp_path / kind).glob("*")])
+                   [p.name for kind in ("rows", "edges/bucket=0", "edges/bucket=1")
+                    for p in (tmp_path / kind).glob("*")])
     assert store.drop("edges", 0, 15) == (0, 0)  # already dropped below 20
     store.drop("edges", 1, 10)
     assert store.committed() == [n for n in store.committed() if n.startswith("edges~0~")]

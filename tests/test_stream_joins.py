@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics
 from headwater.capture import attach
-from headwater.demo import orders as demo_data
-from headwater.core.rid import kafka_rid
-from headwater.query.api import LineageClient
 from headwater.core.offsets import partition_offsets, reached
+from headwater.core.rid import kafka_rid
+from headwater.demo import orders as demo_data
+from headwater.query.api import LineageClient
 
 from .conftest import index, own_topics, while_initializing
 from .oracle import as_input

@@ -23,9 +23,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 from ..rewrite import RID_COLUMN
-from . import SinkError, option
+from .base import SinkError, option
 from .jvm import message
-from .spark_sinks import StreamingWriteSink
+from .streaming_write import StreamingWriteSink
 
 RID_OPTION = "headwater.rid"
 RID_HEADER = RID_COLUMN  # the header's key

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from . import Sink, SinkError
+from .base import Sink, SinkError
 from .jvm import java_schema
 
 EXACTLY_ONCE_IN_SESSION = "exactly-once while the session lives"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from . import AT_LEAST_ONCE, NONE, Sink, SinkError, option
+from .base import AT_LEAST_ONCE, NONE, Sink, SinkError, option
 
 RULE = "-" * 43  # ConsoleWrite's rule above and below "Batch: N"
 

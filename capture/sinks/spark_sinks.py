@@ -21,12 +21,13 @@ from pyspark.sql.types import StructType
 from headwater.core.sink_log import batch_files
 
 from ..spark_plan import Jvm
-from . import EXACTLY_ONCE, Sink, SinkError, option
-from .jvm import case_insensitive, is_instance, java_schema, message, output_mode as java_output_mode, scala_map
+from . import kafka_sink
+from .base import EXACTLY_ONCE, Sink, SinkError, option
+from .jvm import case_insensitive, is_instance, java_schema, message, scala_map
+from .jvm import output_mode as java_output_mode
+from .streaming_write import AS_THE_CONNECTOR, StreamingWriteSink
 
 FILE_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
-QUERY_ID = "sql.streaming.queryId"  # StreamExecution.QUERY_ID_KEY, set on the thread running the batch
-AS_THE_CONNECTOR = "as the connector commits"  # a streaming writer's guarantee is its own
 
 
 class SparkSink(Sink):
@@ -88,33 +89,9 @@ class FileSink(SparkSink):
         return [status.getPath().getName() for status in self._fs.listStatus(self._log_path)]
 
 
-class StreamingWriteSink(Sink):
-    """A table with a streaming writer: each batch runs the write Spark's micro-batch engine runs."""
-
-    guarantee = AS_THE_CONNECTOR
-
-    def __init__(self, spark: SparkSession, relation, options: dict, output_mode: str):
-        self._spark = spark
-        self._relation = relation
-        self._options = scala_map(spark._jvm, options)
-        self._mode = java_output_mode(spark._jvm, output_mode)
-
-    def write(self, df: DataFrame, batch_id: int) -> None:
-        jvm = self._spark._jvm
-        query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID)
-        if not query_id:  # a connector may key its commits on it: never write without it
-            raise SinkError(f"batch {batch_id}: no streaming query id on the thread writing it ({QUERY_ID})")
-        plan = jvm.org.apache.spark.sql.execution.streaming.sources.WriteToMicroBatchDataSource(
-            self._relation, df._jdf.queryExecution().analyzed(), query_id, self._options, self._mode,
-            jvm.scala.Option.empty()).withNewBatchId(batch_id)
-        # In the batch's own session, as Spark's micro-batch engine runs it (its settings, not the tracer's).
-        jvm.org.apache.spark.sql.classic.Dataset.ofRows(df._jdf.sparkSession(), plan).collect()
-
-
 def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: list[str] | None,
                cluster_by: list[str] | None, output_mode: str, schema: StructType) -> Sink:
     """The sink ``DataStreamWriter`` would start for the format ``source``, with these options."""
-    from . import kafka_sink
     jvm = spark._jvm
     jspark = spark._jsparkSession
     conf = jspark.sessionState().conf()
@@ -179,7 +156,8 @@ def _streaming_table(spark: SparkSession, cls, source: str, options: dict, schem
     if is_instance(jvm, "org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2", provider):
         provider.setShortName(source)
     v2 = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Utils
-    session = {k: v for k, v in Jvm.mapping(v2.extractSessionConfigs(provider, conf)).items() if option(options, k) is None}
+    session = {k: v for k, v in Jvm.mapping(v2.extractSessionConfigs(provider, conf)).items()
+               if option(options, k) is None}
     given = jvm.scala.Some(java_schema(spark, schema)) if _supports_external_metadata(provider) \
         else jvm.scala.Option.empty()
     try:

@@ -12,10 +12,11 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from . import Sink, SinkError, SinkSpec, option
 from ..spark_plan import Jvm
+from .base import Sink, SinkError, SinkSpec, option
 from .jvm import case_insensitive, is_instance, java_schema, message
-from .spark_sinks import StreamingWriteSink, spark_sink, supports_streaming_write
+from .spark_sinks import spark_sink, supports_streaming_write
+from .streaming_write import StreamingWriteSink
 
 V1_TABLES = ("org.apache.spark.sql.connector.catalog.V1Table",
              "org.apache.spark.sql.connector.catalog.V2TableWithV1Fallback")

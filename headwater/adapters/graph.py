@@ -40,4 +40,5 @@ def wait_ready(config: Config, timeout_s: float = 60.0) -> None:
             except (ServiceUnavailable, Neo4jError, OSError) as exc:
                 last = exc
                 time.sleep(0.3)
-    raise GraphUnavailable(f"graph store at {config.graph_uri} (database {config.graph_database}) did not answer: {last}")
+    raise GraphUnavailable(f"graph store at {config.graph_uri} (database {config.graph_database}) did not answer: "
+                           f"{last}")

@@ -46,7 +46,7 @@ class Config:
     graph_user: str = "neo4j"
     graph_password: str = field(default="", repr=False)
     graph_database: str = "lineage"
-    graph_write_sessions: int = 4  # transactions at once in each indexer write (indexer/graph.py)
+    graph_write_sessions: int = 4  # transactions at once in each indexer write (store/graph.py)
     metrics_port: int = 0  # capture's Prometheus endpoint; 0: none
     # Where every Prometheus endpoint headwater opens listens (capture's, the indexer's): loopback unless
     # a scraper elsewhere must reach it (the Helm chart sets 0.0.0.0).

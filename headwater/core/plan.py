@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-
 from dataclasses import dataclass, field
 from typing import Iterator, TypedDict
 

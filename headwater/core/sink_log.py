@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 
-def batch_files(batch: int, entry: Callable[[int], Iterable[str] | None], compactions: Iterable[int]) -> list[str] | None:
+def batch_files(batch: int, entry: Callable[[int], Iterable[str] | None],
+                compactions: Iterable[int]) -> list[str] | None:
     """The files ``batch`` added: ``entry(b)`` gives the files log entry ``b`` lists (None if the log
     has no such entry, or Spark deleted it), ``compactions`` the batches up to ``batch`` whose entries
     are compactions. None where the entries that takes are gone."""

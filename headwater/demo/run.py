@@ -7,13 +7,12 @@ to the end of the topic, indexes the lineage, and answers one backward lineage q
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from headwater.adapters.spark import spark_session
 from headwater.core.config import Config
 from headwater.core.offsets import Offsets, reached
 
@@ -29,33 +28,6 @@ class DemoResult:
     edges: int
     rid: int
     lineage: list[dict]
-
-
-def spark_session(app: str = "headwater", **conf: str):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-    )
-    if "spark.jars" not in conf:  # Spark's own Kafka connector, of pyspark's version, from the tools cache
-        from headwater.deploy.tools import spark_kafka_jars
-
-        builder = builder.config("spark.jars", ",".join(spark_kafka_jars()))
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def count_malformed(events: list[tuple[bytes, bytes]]) -> int:

@@ -218,7 +218,8 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         parts = [_eval(x, frame, bind) for x in e.args]
         ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
         values = np.full(len(frame), None, dtype=object)
-        values[np.flatnonzero(ok)] = objects(["".join(map(_text, row)) for row in zip(*[p[ok].tolist() for p in parts])])
+        joined = ["".join(map(_text, row)) for row in zip(*[p[ok].tolist() for p in parts])]
+        values[np.flatnonzero(ok)] = objects(joined)
         return _series(values, ok, frame)
     if op == "yields":
         return _yields(e, frame, bind)

@@ -259,7 +259,8 @@ def _node(node: dict, children: list[Expr], subqueries: Subqueries | None) -> Ex
         return Expr("in", args + items, dtype="boolean")
     if cls == "GetStructField":
         return Expr("field", args, value=int(node.get("ordinal", 0)), dtype=dtype)
-    if cls == "JsonToStructs" and isinstance(node.get("schema"), dict) and node.get("schema", {}).get("type") == "struct":
+    if cls == "JsonToStructs" and isinstance(node.get("schema"), dict) \
+            and node.get("schema", {}).get("type") == "struct":
         fields = tuple((f["name"], f["type"] if isinstance(f["type"], str) else "") for f in node["schema"]["fields"])
         return Expr("from_json", args, value=fields)
     if cls == "Round":

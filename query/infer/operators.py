@@ -190,8 +190,9 @@ def build(nodes: list[dict], first_id: int = 0) -> Plan:
         fields = record.get("fields", record)
         cls = record.get("spark_class") or fields.get("class", "").rsplit(".", 1)[-1]
         children = [take() for _ in range(int(record.get("num_children", fields.get("num-children", 0))))]
-        logged = [Attr(a["name"], a["expr_id"], type_name(a["dtype"]) or "") for a in record["output"]] if "output" in record \
-            and isinstance(record["output"][:1] and record["output"][0], dict) else None
+        logged = None
+        if "output" in record and isinstance(record["output"][:1] and record["output"][0], dict):
+            logged = [Attr(a["name"], a["expr_id"], type_name(a["dtype"]) or "") for a in record["output"]]
         op = _operator(node_id, cls, fields, children, subqueries, record)
         if logged is not None:
             op.output = logged

@@ -21,10 +21,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .expr import (
-    COMPARISONS, FALSE, TRUE, Expr, cmp, col, conj, conjuncts, disj, evaluable, in_set, refs, substitute,
+    COMPARISONS,
+    FALSE,
+    TRUE,
+    Expr,
+    cmp,
+    col,
+    conj,
+    conjuncts,
+    disj,
+    evaluable,
+    in_set,
+    refs,
+    substitute,
 )
 from .operators import (
-    Aggregate, Deduplicate, Expand, Filter, Generate, Join, Limit, Op, Plan, Project, Relation, Sort, Union, Window,
+    Aggregate,
+    Deduplicate,
+    Expand,
+    Filter,
+    Generate,
+    Join,
+    Limit,
+    Op,
+    Plan,
+    Project,
+    Relation,
+    Sort,
+    Union,
+    Window,
     WindowGroupLimit,
 )
 

@@ -33,8 +33,8 @@ from .evaluate import Binding, Unevaluable, distinct_values, holds, objects, val
 from .expr import TRUE, Expr, cmp, col, conj, conjuncts, param, set_vars
 from .operators import Join, Plan, Relation, Unknown
 from .pushdown import Pushed, parse_var, push_down, push_up
-from .verify import key_facts, verify
 from .run import LINEAGE, Running, Tables, relation_frame
+from .verify import key_facts, verify
 
 MAX_ITERATIONS = 32
 
@@ -106,7 +106,8 @@ def judge(plan: Plan, pushed: Pushed, static: dict[int, str]) -> Judged:
                 judged.unsound.update(r.id for r in op.children[c].relations())
                 judged.reasons.append(f"{what}: pushdown not sound, its whole input taken")
             elif verdict.exact is not True:
-                judged.reasons.append(f"{what}: {verdict.detail or 'a superset (z3: not equivalent to the row selection)'}")
+                detail = verdict.detail or "a superset (z3: not equivalent to the row selection)"
+                judged.reasons.append(f"{what}: {detail}")
     return judged
 
 

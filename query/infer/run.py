@@ -18,10 +18,23 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .evaluate import Binding, Unevaluable, objects, evaluate, generated, holds, value_key
+from .evaluate import Binding, Unevaluable, evaluate, generated, holds, objects, value_key
 from .expr import Expr, conjuncts, lit
 from .operators import (
-    Aggregate, Deduplicate, Expand, Filter, Generate, Join, Limit, Op, Plan, Project, Relation, Sort, Union, Window,
+    Aggregate,
+    Deduplicate,
+    Expand,
+    Filter,
+    Generate,
+    Join,
+    Limit,
+    Op,
+    Plan,
+    Project,
+    Relation,
+    Sort,
+    Union,
+    Window,
     WindowGroupLimit,
 )
 from .pushdown import equi_pairs

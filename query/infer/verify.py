@@ -31,7 +31,19 @@ import z3
 
 from .expr import COMPARISONS, Expr, conjuncts
 from .operators import (
-    Aggregate, Deduplicate, Expand, Filter, Generate, Join, Limit, Op, Project, Relation, Sort, Union, Window,
+    Aggregate,
+    Deduplicate,
+    Expand,
+    Filter,
+    Generate,
+    Join,
+    Limit,
+    Op,
+    Project,
+    Relation,
+    Sort,
+    Union,
+    Window,
     WindowGroupLimit,
 )
 from .pushdown import equi_pairs, parse_var
@@ -281,7 +293,8 @@ def _outputs(op: Op, t: _Tables, sym: _Symbols) -> list[_Output]:
                                                        _sort(attr.dtype or typed.get(attr.expr_id)))
             members = []
             for j, other in enumerate(t.rows[0]):
-                same = z3.And(t.exists[0][j], *[a == b for a, b in zip(key, [symbolic(g, other, sym) for g in op.groups])])
+                theirs = [symbolic(g, other, sym) for g in op.groups]
+                same = z3.And(t.exists[0][j], *[a == b for a, b in zip(key, theirs)])
                 members.append((0, j, same))
             outs.append(_Output(cells, t.exists[0][i], members))
         return outs

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from headwater.core import rid as rids
 from headwater.core import signing
 from headwater.core.config import Config
-from headwater.indexer.batch_log import fsync_dir
+from headwater.store.batch_log import fsync_dir
 
 from ..backend import LineageError
 
@@ -101,7 +101,8 @@ class Narrowing:
 
     def summary(self) -> dict:
         return {"query": self.query, "op": self.op, "batch": self.batch, "kind": self.kind, "exact": self.exact,
-                "reason": self.reason, "seconds": round(self.seconds, 3), **({"steps": self.steps} if self.steps else {})}
+                "reason": self.reason, "seconds": round(self.seconds, 3),
+                **({"steps": self.steps} if self.steps else {})}
 
     def into(self, out: int) -> list[int]:
         """The source rows' rids narrowed lineage gives black box output row ``out``."""
@@ -265,7 +266,8 @@ class Narrower:
             found = self._narrow(box, batch, backend)
         except Exception as exc:  # noqa: BLE001 (whatever fails here, the answer keeps the superset, saying why)
             reason = str(exc) if isinstance(exc, (LineageError, signing.Unverified)) else f"{type(exc).__name__}: {exc}"
-            narrowing = Narrowing(box.query, box.op, batch, "superset", False, reason, seconds=time.monotonic() - started)
+            narrowing = Narrowing(box.query, box.op, batch, "superset", False, reason,
+                                  seconds=time.monotonic() - started)
             self._failed[(box.query, box.op, batch)] = (time.monotonic(), narrowing)
             return narrowing
         for narrowing in found.values():

@@ -328,8 +328,8 @@ def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, di
             state = GroupState(value, 0, -1, fn.no_timeout, False, False, value is not None, False, False, -1,
                                b"", fn.state_type)
             fn.calls += 1
-            found = fn.digests([(0, df) for df in fn._checked(fn.function(key, iter([fn.frame(part, fn.data)]), state))],
-                               1)[0]
+            returned = fn._checked(fn.function(key, iter([fn.frame(part, fn.data)]), state))
+            found = fn.digests([(0, df) for df in returned], 1)[0]
             if state._removed:
                 states.pop(key, None)
             elif state._updated:

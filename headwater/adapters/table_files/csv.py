@@ -92,7 +92,8 @@ def csv_columns(files: list[DataFile], options: dict) -> list[tuple[str, str]]:
     return []
 
 
-# Not csv or pyarrow.csv: univocity keeps "a"b and C:\x as written, pads short rows, splits at "||" (CSV_EDGES, odd.csv).
+# Not csv or pyarrow.csv: univocity keeps "a"b and C:\x as written, pads short rows, splits at "||" (CSV_EDGES,
+# odd.csv).
 def _records(text: str, o: _Csv, options: dict) -> Iterator[list[str]]:
     """Each record's values as univocity hands them to Spark, the header included: an empty
     value as ``nullValue``, a quoted empty one as ``emptyValue``."""

@@ -35,9 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from .shard import BUCKETS as SHARD_BUCKETS
+from .edges import SHARD_BUCKETS, STORE_SCHEMA, EdgeStore, bucket_of, parse_range, with_src_sets
 from .sorted_files import SortedFiles
-from .store import STORE_SCHEMA, EdgeStore, bucket_of, parse_range, with_src_sets
 
 CURRENT = "CURRENT"
 TMP_MARK = ".tmp-"
@@ -78,6 +77,14 @@ def switch(root: Path, number: int) -> None:
         name = path.name.split("=", 1)[1]
         if TMP_MARK in name or int(name) not in keep:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def store_version(store_dir: Path, topic: str) -> tuple:
+    """Changes whenever what a reader of ``topic``'s store would read does: a new generation, a shard's range
+    committed or dropped (the query service's Parquet backends open the store again then)."""
+    shards = tuple((folder.name, tuple(EdgeStore(folder).committed()))
+                   for folder in sorted((Path(store_dir) / topic).glob("partition=*")))
+    return current_number(compacted_root(store_dir, topic)), shards
 
 
 def snapshot(store_dir: Path, topic: str, previous: dict | None = None, create: bool = False
@@ -182,7 +189,8 @@ class Generation:
         return dict(zip(table["rid"].to_pylist(), table["set"].to_pylist()))
 
     def rows(self, rids) -> pa.Table:
-        """The rows records (``shard.ROWS_SCHEMA``, ``has_in``, ``has_out``) of those of ``rids`` the generation holds."""
+        """The rows records (``edges.ROWS_SCHEMA``, ``has_in``, ``has_out``) of those of ``rids`` the generation
+        holds."""
         return self._rows_files().read(rids)
 
     def _rows_files(self) -> SortedFiles:
@@ -221,7 +229,8 @@ class Generation:
         return found
 
     def edges(self, sets) -> pa.Table:
-        """The edges whose dst lies in ``sets``, read from the row groups holding those sets only, ``src_set`` filled in."""
+        """The edges whose dst lies in ``sets``, read from the row groups holding those sets only, ``src_set``
+        filled in."""
         wanted = np.unique(np.asarray(list(sets), np.int64))
         buckets = bucket_of(wanted, self.buckets)
         parts = [self._bucket(b).read(wanted[buckets == b]) for b in np.unique(buckets).tolist()]

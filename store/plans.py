@@ -76,12 +76,49 @@ class PlanStore:
             return []
         return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _FILE.match(name)))
 
+    @property
+    def root(self) -> Path:
+        return self.store_dir / self.log_topic / "plans"
+
+    def _folders(self) -> list[str]:
+        try:
+            return sorted(name for name in os.listdir(self.root) if re.fullmatch(r"[0-9a-f]+", name))
+        except FileNotFoundError:
+            return []
+
     def queries(self) -> list[str]:
         """Every query with a plan kept."""
-        root = self.store_dir / self.log_topic / "plans"
-        if not root.is_dir():
-            return []
-        return sorted(bytes.fromhex(name).decode() for name in os.listdir(root) if re.fullmatch(r"[0-9a-f]+", name))
+        return [bytes.fromhex(name).decode() for name in self._folders()]
+
+    def stamp(self) -> tuple:
+        """What changes whenever a plan is kept: the modification times of the plans folder (a new query's) and of
+        each query's folder (a new plan); a reader that holds the plans reads them again only then."""
+        try:
+            return (self.root.stat().st_mtime_ns,
+                    tuple((name, (self.root / name).stat().st_mtime_ns) for name in self._folders()))
+        except FileNotFoundError:
+            return ()
+
+    def kept(self) -> list[tuple[str, int, Path]]:
+        """Every plan kept: ``(query, from_batch, file)``, by query, then in ``from_batch`` order (``read`` a file)."""
+        found = []
+        for name in self._folders():
+            try:
+                listed = sorted(n for n in os.listdir(self.root / name) if _FILE.match(n))
+            except FileNotFoundError:
+                continue  # a query's folder gone meanwhile
+            query = bytes.fromhex(name).decode()
+            found += [(query, int(_FILE.match(n).group(1)), self.root / name / n) for n in listed]
+        return found
+
+    @staticmethod
+    def read(path: Path) -> dict | None:
+        """One kept plan's file, or None if it is gone or unreadable."""
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
 
     def latest(self, query: str) -> dict | None:
         return self.plan_for(query, 10**18)

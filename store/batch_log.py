@@ -170,7 +170,8 @@ def fsync_dir(path: Path) -> None:
 
 
 class _Entries:
-    """Entries merged field by field: per batch ``(query, batch)`` and per dataset name, ``{field: [position, value]}``."""
+    """Entries merged field by field: per batch ``(query, batch)`` and per dataset name,
+    ``{field: [position, value]}``."""
 
     def __init__(self):
         self.batches: dict[tuple[str, int], dict[str, list]] = {}
@@ -555,7 +556,8 @@ class BatchLog:
 
     def datasets(self) -> dict[str, dict]:
         """Every static dataset's description, by name (``dataset``)."""
-        names = {name for p in self._partitions for name in [*p.tail.datasets, *(n for run in p.runs for n in run.datasets)]}
+        names = {name for p in self._partitions
+                 for name in [*p.tail.datasets, *(n for run in p.runs for n in run.datasets)]}
         return {name: self.dataset(name) for name in sorted(names)}
 
     def dataset(self, name: str) -> dict | None:

@@ -1,0 +1,36 @@
+"""A table with a streaming writer (Kafka, Python data sources, catalogs' V2 tables), written batch by batch by
+the plan Spark's micro-batch engine runs for it (``spark_sinks`` picks it; ``kafka_sink`` subclasses it)."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ..jvm_listener import QUERY_ID_PROPERTY
+from .base import Sink, SinkError
+from .jvm import output_mode as java_output_mode
+from .jvm import scala_map
+
+AS_THE_CONNECTOR = "as the connector commits"  # a streaming writer's guarantee is its own
+
+
+class StreamingWriteSink(Sink):
+    """A table with a streaming writer: each batch runs the write Spark's micro-batch engine runs."""
+
+    guarantee = AS_THE_CONNECTOR
+
+    def __init__(self, spark: SparkSession, relation, options: dict, output_mode: str):
+        self._spark = spark
+        self._relation = relation
+        self._options = scala_map(spark._jvm, options)
+        self._mode = java_output_mode(spark._jvm, output_mode)
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        jvm = self._spark._jvm
+        query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        if not query_id:  # a connector may key its commits on it: never write without it
+            raise SinkError(f"batch {batch_id}: no streaming query id on the thread writing it ({QUERY_ID_PROPERTY})")
+        plan = jvm.org.apache.spark.sql.execution.streaming.sources.WriteToMicroBatchDataSource(
+            self._relation, df._jdf.queryExecution().analyzed(), query_id, self._options, self._mode,
+            jvm.scala.Option.empty()).withNewBatchId(batch_id)
+        # In the batch's own session, as Spark's micro-batch engine runs it (its settings, not the tracer's).
+        jvm.org.apache.spark.sql.classic.Dataset.ofRows(df._jdf.sparkSession(), plan).collect()
