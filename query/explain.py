@@ -504,6 +504,7 @@ class Explainer:
         self._store = PlanStore(store_dir, log_topic)
         self.store_dir, self.log_topic = store_dir, log_topic
         self._seen: tuple | None = None
+        self._folders: list[str] = []
         self._plans: dict[str, list[tuple[int, Plan]]] = {}  # by query: (from_batch, plan), in order
         self._files: dict[Path, tuple[int, Plan]] = {}
         self._sinks: dict[str, str] = {}
@@ -518,9 +519,10 @@ class Explainer:
             return self._refresh()
 
     def _refresh(self) -> "Explainer":
-        stamp = self._store.stamp()  # before reading: a plan written meanwhile changes it again
-        if self._seen is not None and stamp == self._seen:
+        if self._seen is not None and self._store.stamp(self._folders) == self._seen:
             return self
+        folders = self._store.folders()
+        stamp = self._store.stamp(folders)  # before reading: a plan written meanwhile changes it again
         plans: dict[str, list[tuple[int, Plan]]] = {}
         files = {}
         for query, from_batch, path in self._store.kept():
@@ -532,7 +534,7 @@ class Explainer:
                 held = (from_batch, Plan(kept))
             files[path] = held
             plans.setdefault(held[1].query or query, []).append(held)
-        self._files, self._plans, self._seen = files, plans, stamp
+        self._files, self._plans, self._folders, self._seen = files, plans, folders, stamp
         # A sink named by where it writes (``parquet:/out``, ``table:NAME``) and written by one query only.
         written: dict[str, list[str]] = {}
         for query, versions in plans.items():

@@ -80,7 +80,8 @@ class PlanStore:
     def root(self) -> Path:
         return self.store_dir / self.log_topic / "plans"
 
-    def _folders(self) -> list[str]:
+    def folders(self) -> list[str]:
+        """The folder of each query with a plan kept (its name in hex), for ``stamp``."""
         try:
             return sorted(name for name in os.listdir(self.root) if re.fullmatch(r"[0-9a-f]+", name))
         except FileNotFoundError:
@@ -88,21 +89,22 @@ class PlanStore:
 
     def queries(self) -> list[str]:
         """Every query with a plan kept."""
-        return [bytes.fromhex(name).decode() for name in self._folders()]
+        return [bytes.fromhex(name).decode() for name in self.folders()]
 
-    def stamp(self) -> tuple:
+    def stamp(self, folders: list[str]) -> tuple:
         """What changes whenever a plan is kept: the modification times of the plans folder (a new query's) and of
-        each query's folder (a new plan); a reader that holds the plans reads them again only then."""
+        each of the query ``folders`` (a new plan), as ``folders()`` listed them; a reader that holds the plans
+        reads them again only then, and between plans asks a stat per folder, no listing."""
         try:
             return (self.root.stat().st_mtime_ns,
-                    tuple((name, (self.root / name).stat().st_mtime_ns) for name in self._folders()))
+                    tuple((name, (self.root / name).stat().st_mtime_ns) for name in folders))
         except FileNotFoundError:
             return ()
 
     def kept(self) -> list[tuple[str, int, Path]]:
         """Every plan kept: ``(query, from_batch, file)``, by query, then in ``from_batch`` order (``read`` a file)."""
         found = []
-        for name in self._folders():
+        for name in self.folders():
             try:
                 listed = sorted(n for n in os.listdir(self.root / name) if _FILE.match(n))
             except FileNotFoundError:
