@@ -274,7 +274,7 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None, comp
 def narrow(ctx: click.Context, query: str, op: int, batches: tuple[int, ...]) -> None:
     """Narrow a black box's batches now by re-running its function (query/README.md), one line each."""
     from headwater.query.api import LineageClient
-    from headwater.query.backend import LineageError
+    from headwater.query.errors import LineageError
 
     with LineageClient(_config(ctx)) as client:
         for batch in batches:
@@ -300,7 +300,7 @@ def _query(ctx: click.Context, question: str, rid: int | None, source: str | Non
         _fail("--dataset and --where go together: the sink, and a SQL predicate over its rows")
     service = None if in_process else _Service.of(_home(ctx))
     if service is None or dataset is not None:
-        from headwater.query.backend import LineageError
+        from headwater.query.errors import LineageError
 
         try:
             if source is not None:  # the service checks an address itself, in the same words
@@ -361,7 +361,7 @@ class _Answers:
 
     def _fail(self, exc: Exception) -> None:
         from headwater.adapters.graph import GraphUnavailable
-        from headwater.query.backend import LineageError
+        from headwater.query.errors import LineageError
 
         if isinstance(exc, (LineageError, GraphUnavailable)):
             _fail(str(exc), **getattr(exc, "details", {}))
@@ -386,7 +386,7 @@ class _Answers:
             if found is not None:
                 return found
         try:
-            from headwater.query.backend import UnknownRow
+            from headwater.query.errors import UnknownRow
 
             if self._client is None:
                 from headwater.query.api import LineageClient

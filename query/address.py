@@ -9,8 +9,8 @@ import re
 
 from headwater.core import rid as rids
 
-from .backend import LineageError
 from .datasets import Tables
+from .errors import LineageError
 
 SOURCE_FORMS = ("kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or "
                 "foreachBatch:QUERY:BATCH")

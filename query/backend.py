@@ -14,12 +14,14 @@ from typing import Callable
 
 import pyarrow as pa
 
+from headwater.store.edges import ROW_FIELDS as STORED_ROW_FIELDS
+
 from .errors import LineageError, UnknownRow
 from .walk import MAX_REACH, is_target, walk
 
 MAX_DEPTH = 64
-# What the stores record of a row (graph node properties, Parquet rows records).
-ROW_FIELDS = ("rid", "kind", "dataset", "topic", "partition", "offset", "key", "path", "position")
+# What the stores record of a row (graph node properties, Parquet rows records): its rid and the store's fields.
+ROW_FIELDS = ("rid", *STORED_ROW_FIELDS)
 
 
 @dataclass

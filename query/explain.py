@@ -525,7 +525,7 @@ class Explainer:
         stamp = self._store.stamp(folders)  # before reading: a plan written meanwhile changes it again
         plans: dict[str, list[tuple[int, Plan]]] = {}
         files = {}
-        for query, from_batch, path in self._store.kept():
+        for query, from_batch, path in self._store.kept(folders):
             held = self._files.get(path)
             if held is None:
                 kept = self._store.read(path)

@@ -30,10 +30,6 @@ from .batch_log import fsync_dir
 _FILE = re.compile(r"^(\d{12})-([0-9a-f]+)\.json$")
 
 
-def _folder(store_dir: str | Path, log_topic: str, query: str) -> Path:
-    return Path(store_dir) / log_topic / "plans" / query.encode().hex()
-
-
 class PlanStore:
     """The plans of one log topic's queries."""
 
@@ -45,7 +41,7 @@ class PlanStore:
         """Keep ``plan`` (the optimized records and what the query tier needs beside them)."""
         if not re.fullmatch(r"[0-9a-f]+", fingerprint or ""):
             raise ValueError(f"a plan fingerprint is hex digits, not {fingerprint!r}")
-        folder = _folder(self.store_dir, self.log_topic, query)
+        folder = self._folder(query)
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"{int(from_batch):012d}-{fingerprint}.json"
         temporary = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
@@ -59,7 +55,7 @@ class PlanStore:
 
     def plan_for(self, query: str, batch: int) -> dict | None:
         """The plan batch ``batch`` of ``query`` ran, or None if none is kept."""
-        folder = _folder(self.store_dir, self.log_topic, query)
+        folder = self._folder(query)
         if not folder.is_dir():
             return None
         found = sorted((int(m.group(1)), name) for name in os.listdir(folder) if (m := _FILE.match(name))
@@ -71,7 +67,7 @@ class PlanStore:
 
     def starts(self, query: str) -> list[int]:
         """The ``from_batch`` of each plan of ``query`` kept, in order."""
-        folder = _folder(self.store_dir, self.log_topic, query)
+        folder = self._folder(query)
         if not folder.is_dir():
             return []
         return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _FILE.match(name)))
@@ -79,6 +75,9 @@ class PlanStore:
     @property
     def root(self) -> Path:
         return self.store_dir / self.log_topic / "plans"
+
+    def _folder(self, query: str) -> Path:
+        return self.root / query.encode().hex()
 
     def folders(self) -> list[str]:
         """The folder of each query with a plan kept (its name in hex), for ``stamp``."""
@@ -101,10 +100,11 @@ class PlanStore:
         except FileNotFoundError:
             return ()
 
-    def kept(self) -> list[tuple[str, int, Path]]:
-        """Every plan kept: ``(query, from_batch, file)``, by query, then in ``from_batch`` order (``read`` a file)."""
+    def kept(self, folders: list[str] | None = None) -> list[tuple[str, int, Path]]:
+        """Every plan kept (in ``folders``, as ``folders()`` listed them, when given): ``(query, from_batch, file)``,
+        by query, then in ``from_batch`` order (``read`` a file)."""
         found = []
-        for name in self.folders():
+        for name in self.folders() if folders is None else folders:
             try:
                 listed = sorted(n for n in os.listdir(self.root / name) if _FILE.match(n))
             except FileNotFoundError:

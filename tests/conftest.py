@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(items):
     module's tests kept together and in their order, so a plain mistake fails in a minute, not in the hour."""
     for item in items:  # so that ``-m "not spark and not stack"`` selects the fast tier alone
         uses = set(item.fixturenames)
-        if uses & {"spark"}:
+        if "spark" in uses:
             item.add_marker("spark")
         if uses & (_SLOW_FIXTURES - {"spark"}):
             item.add_marker("stack")
