@@ -23,10 +23,11 @@ first ones: p99s ran to 900 ms on 100 questions without). A backend stops early 
 it has spent ``--budget-s`` on a size (the recursive baseline, RQ, scans the whole store
 at every level of every query); its figures then cover the questions it answered. Every
 question answered by several backends must get the same answer from each, or the bench
-fails (``compared``: the questions at least two backends answered). With ``--warm-graph`` the whole graph is read
-once (``WARM_GRAPH``, ``graph_warm_seconds``) before the Cypher backend's questions, as a server whose page cache holds
-the store (Neo4j's advice; ``--graph-page-cache``) has it: without, a question reads from disk what the Parquet
-backends' and the compaction's reads pushed out of the machine's file cache.
+fails (``compared``: the questions at least two backends answered). The whole graph is read once
+(``headwater.adapters.graph.warm_up``, ``graph_warm_seconds``) before the Cypher backend's questions, as ``headwater
+serve`` does at start, into a page cache that holds the store where ``--graph-page-cache`` is its size (Neo4j's
+advice); with ``--cold-graph`` not: a question then reads from disk what the Parquet backends' and the compaction's
+reads pushed out of the machine's file cache.
 
 Figures per size and backend: ``backward``, ``forward`` and ``forward_from_hubs`` (the
 hub questions of ``forward``), each ``p50_ms``, ``p99_ms``, ``mean_ms``, ``queries``.
@@ -37,7 +38,7 @@ size, with every size's figures under ``sizes``.
 
     .venv/bin/python bench/query_latency.py [--sizes 1000000,10000000,100000000] [--queries 1000]
         [--warmup 20] [--budget-s 300] [--import-from 20000000] [--compact-below 20000000]
-        [--components large-star|graphx] [--graph-page-cache 4g] [--warm-graph] [--skip-graph]
+        [--components large-star|graphx] [--graph-page-cache 4g] [--cold-graph] [--skip-graph]
 """
 
 from __future__ import annotations
@@ -158,23 +159,6 @@ def import_graph(sizes: list[int], stack, folder: Path) -> dict:
             "graph_import_seconds": round(time.monotonic() - started - csv_seconds, 1)}
 
 
-# Every row with its properties, every edge with its properties, and the rid index the questions start from, read
-# once: the pages a question may touch are then in Neo4j's page cache, if it holds the store.
-WARM_GRAPH = ("MATCH (n:Row) RETURN count(n.kind)", "MATCH ()-[e:DERIVED]->() RETURN count(e.op)",
-              "MATCH (n:Row) WHERE n.rid >= -9223372036854775808 RETURN count(n.rid)")
-
-
-def warm_graph(config) -> float:
-    """``WARM_GRAPH`` read on the graph; its seconds."""
-    from headwater.adapters.graph import driver
-
-    started = time.monotonic()
-    with driver(config) as d, d.session(database=config.graph_database) as session:
-        for statement in WARM_GRAPH:
-            session.run(statement).consume()
-    return round(time.monotonic() - started, 1)
-
-
 def await_schema(config) -> float:
     """The indexer's constraints and indexes made on the graph and online; their seconds."""
     from headwater.adapters.graph import driver
@@ -265,6 +249,7 @@ def compare(done: dict[str, dict], asked: list[tuple]) -> int:
 
 
 def measure(size: int, home: Path, config, spark, args) -> dict:
+    from headwater.adapters.graph import warm_up
     from headwater.query.cypher import CypherBackend
     from headwater.query.parquet import CSProvBackend, RecursiveBackend, StoreView
 
@@ -285,8 +270,8 @@ def measure(size: int, home: Path, config, spark, args) -> dict:
     warmup = questions(args.warmup, outputs, orders, customers, seed=size + 1)
     del outputs, orders
     for name, make in backends.items():
-        if name == "cypher" and args.warm_graph:
-            figures["graph_warm_seconds"] = warm_graph(config)
+        if name == "cypher" and not args.cold_graph:
+            figures["graph_warm_seconds"] = round(warm_up(config), 1)
         backend = make()
         try:
             run_backend(backend, warmup, args.budget_s)  # plans compiled, caches filled: not counted
@@ -332,9 +317,9 @@ def main() -> None:
                         help="sizes of at least this many edges stay in the shards, not compacted (large-star "
                              "took 17 min for 10M edges here; the Parquet backends then read them as recent ranges)")
     parser.add_argument("--warmup", type=int, default=20, help="questions each backend answers first, not counted")
-    parser.add_argument("--warm-graph", action="store_true",
-                        help="read the whole graph once before the Cypher backend's questions (WARM_GRAPH), as a "
-                             "server whose page cache holds the store has it in memory")
+    parser.add_argument("--cold-graph", action="store_true",
+                        help="ask the Cypher backend without first reading the whole graph once, as headwater serve "
+                             "does at start (headwater.adapters.graph.warm_up)")
     parser.add_argument("--graph-page-cache", default="", help="Neo4j's page cache, e.g. 4g (default: the stack's, "
                                                                "512m; Neo4j's advice is the store's size)")
     args = parser.parse_args()

@@ -21,8 +21,10 @@ import click
 
 from headwater.core import config as configuration
 
-# The query backends (``headwater.query.api.choices()``), named here so the CLI starts without importing them.
+# The query tier's own backends (``headwater.query.api.choices()``), named here so the CLI starts without importing
+# them; another package's are found by their entry points' names (``_Backend``).
 BACKENDS = ["auto", "cypher", "csprov", "rq"]
+BACKEND_ENTRY_POINTS = "headwater.backends"  # ``headwater.query.backend.ENTRY_POINTS``
 # ``query.address.SOURCE_FORMS``, which would import the query tier to print --help.
 SOURCE_FORMS = ("kafka:TOPIC:PARTITION:OFFSET, table:NAME:KEY, file:PATH:POSITION, rate:VALUE or "
                 "foreachBatch:QUERY:BATCH")
@@ -298,10 +300,15 @@ def _query(ctx: click.Context, question: str, rid: int | None, source: str | Non
               + (f", not {' and '.join(given)}" if given else ""))
     if (dataset is None) != (where is None):
         _fail("--dataset and --where go together: the sink, and a SQL predicate over its rows")
+    from headwater.query.errors import LineageError
+    from headwater.query.question import Question
+
+    try:  # checked here, in the words of every route a question may take (the service's, in-process)
+        Question(question, source if source is not None else rid if rid is not None else 0, options)
+    except LineageError as exc:
+        _fail(str(exc))
     service = None if in_process else _Service.of(_home(ctx))
     if service is None or dataset is not None:
-        from headwater.query.errors import LineageError
-
         try:
             if source is not None:  # the service checks an address itself, in the same words
                 from headwater.query.address import checked_source
@@ -421,7 +428,6 @@ class _Service:
     TIMEOUT_S = 60.0
     PATHS = {"backward": "backward", "forward": "forward", "co_contributors": "co-contributors",
              "co_dependents": "co-dependents"}
-    INT64 = range(-(1 << 63), 1 << 63)
 
     def __init__(self, url: str, token: str):
         self.url, self.token = url, token
@@ -438,20 +444,13 @@ class _Service:
         found = query_service(home, config.to_dict())
         return cls(*found) if found is not None else None
 
-    def parameters(self, start: int | str, backend: str, options: dict) -> dict | None:
-        """The question as the service's query string takes it; None where the service would refuse, in other
-        words than in-process, what in-process answers or refuses (an empty value, a rid or mask out of range)."""
+    @staticmethod
+    def parameters(start: int | str, backend: str, options: dict) -> dict:
+        """The question, checked already (``question.Question``), as the service's query string takes it."""
         found = {"source" if isinstance(start, str) else "rid": start, "backend": backend}
         for name, value in options.items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                value = "true" if value else "false"
-            found[name] = value
-        if any(value == "" for value in found.values()) or found.get("rid", 0) not in self.INT64 or \
-                found.get("cols", 1) not in self.INT64 or found.get("cols") == 0 or \
-                found.get("depth", 1) not in self.INT64:
-            return None
+            if value is not None:
+                found[name] = ("true" if value else "false") if isinstance(value, bool) else value
         return found
 
     def ask(self, question: str, start: int | str, backend: str, options: dict) -> tuple[list[dict], dict] | None:
@@ -461,8 +460,6 @@ class _Service:
         from urllib.parse import urlencode, urlsplit
 
         parameters = self.parameters(start, backend, options)
-        if parameters is None:
-            return None
         where = urlsplit(self.url)
         connection = http.client.HTTPConnection(where.hostname, where.port, timeout=self.TIMEOUT_S)  # never a proxy
         try:
@@ -586,13 +583,35 @@ def _in_words(summary: dict) -> str:
     return " ".join(said)
 
 
-def _mask(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: a bit mask of columns, e.g. 5 or 0b101", param_hint="--cols") from None
+class _Backend(click.Choice):
+    """A backend's name: the query tier's own, or one another package registers (its entry point's name)."""
+
+    def __init__(self):
+        super().__init__(BACKENDS)
+
+    def convert(self, value, param, ctx):
+        if value not in self.choices:
+            from importlib.metadata import entry_points
+
+            self.choices = [*BACKENDS, *sorted(p.name for p in entry_points(group=BACKEND_ENTRY_POINTS))]
+        return super().convert(value, param, ctx)
+
+
+class _Option(click.ParamType):
+    """A question's option read from its text as every route reads it (``question.READS``), its errors a usage
+    error's."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def convert(self, value, param, ctx):
+        from headwater.query import question
+        from headwater.query.errors import LineageError
+
+        try:
+            return question.READS[self.name](value) if isinstance(value, str) else question.CHECKS[self.name](value)
+        except LineageError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 _ROW_OPTIONS = [
@@ -602,13 +621,15 @@ _ROW_OPTIONS = [
                  "table:NAME): ask about its rows --where selects."),
     click.option("--where", default=None, help="With --dataset: a Spark SQL predicate over the sink's columns "
                  "(evaluated without Spark where it can; query/README.md says when Spark is needed)."),
-    click.option("--depth", type=int, default=16, show_default=True,
+    click.option("--depth", type=_Option("depth"), default=16, show_default=True,
                  help="Longest path followed, in edges (each way)."),
     click.option("--payload", is_flag=True, help="Add the original source records."),
-    click.option("--since", default=None, help="Time bound: only through batches that ran at or after this "
-                 "ISO 8601 time (e.g. 2026-11-23T18:00:00Z)."),
-    click.option("--until", default=None, help="Time bound: only through batches that ran at or before this time."),
-    click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+    click.option("--since", type=_Option("since"), default=None,
+                 help="Time bound: only through batches that ran at or after this ISO 8601 time (e.g. "
+                      "2026-11-23T18:00:00Z)."),
+    click.option("--until", type=_Option("until"), default=None,
+                 help="Time bound: only through batches that ran at or before this time."),
+    click.option("--backend", type=_Backend(), default="auto", show_default=True,
                  help="The graph store (cypher), the Parquet store by connected sets (csprov) or whole (rq), or "
                       "the graph when it answers and holds the row, else the Parquet store (auto)."),
     click.option("--format", "fmt", type=click.Choice(FORMATS), default="json", show_default=True,
@@ -621,8 +642,6 @@ _ROW_OPTIONS = [
 
 def _lineage_command(question: str, name: str, defaults: dict, summary: str) -> None:
     def command(ctx, rid, source, dataset, where, backend, fmt, in_process, **options) -> None:
-        if "cols" in options:
-            options["cols"] = _mask(options["cols"])
         _query(ctx, question, rid, source, dataset, where, backend, fmt, in_process, **options)
 
     command.__doc__ = summary
@@ -634,9 +653,10 @@ def _lineage_command(question: str, name: str, defaults: dict, summary: str) -> 
         command = click.option("--via", default=defaults["via"], show_default=True,
                                help="The rows in between: source, state or output, or a dataset name.")(command)
     else:
-        command = click.option("--cols", default=None, help="Attribute level: a bit mask of the columns of the "
-                               "row asked about (backward) or of the rows answered (forward).")(command)
-        command = click.option("--paths", type=click.IntRange(0, 100), default=0, show_default=True,
+        command = click.option("--cols", type=_Option("cols"), default=None,
+                               help="Attribute level: a bit mask of the columns of the row asked about (backward) "
+                                    "or of the rows answered (forward).")(command)
+        command = click.option("--paths", type=_Option("paths"), default=0, show_default=True,
                                help="How-provenance: keep up to N paths (query, batch, op steps) per row.")(command)
     lineage.command(name)(click.pass_context(command))
 
@@ -653,7 +673,7 @@ _lineage_command("co_dependents", "co-dependents", {"to": "output", "via": "sour
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; other than loopback only with a token.")
 @click.option("--port", type=int, default=8080, show_default=True, help="0: any free port.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+@click.option("--backend", type=_Backend(), default="auto", show_default=True,
               help="The backend of questions that name none (backend=).")
 @click.option("--token-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="File holding the bearer token every /v1 and /openapi.json request must give "
@@ -663,9 +683,12 @@ _lineage_command("co_dependents", "co-dependents", {"to": "output", "via": "sour
 @click.option("--max-concurrent", type=click.IntRange(min=1), default=2, show_default=True,  # http.MAX_CONCURRENT
               help="Queries answered at once; up to 16 more wait their turn for at most 2 s, the rest get 503 with "
                    "Retry-After.")
+@click.option("--warm-graph/--no-warm-graph", default=True, show_default=True,
+              help="Read the whole graph once as soon as it answers, into the graph server's page cache (size it "
+                   "to the store: deploy/README.md).")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, backend: str, token_file: Path | None, max_results: int,
-          max_concurrent: int) -> None:
+          max_concurrent: int, warm_graph: bool) -> None:
     """Answer lineage questions over HTTP (read-only JSON; GET /openapi.json) until SIGINT or SIGTERM."""
     import signal
     import threading
@@ -681,7 +704,7 @@ def serve(ctx: click.Context, host: str, port: int, backend: str, token_file: Pa
         signal.signal(number, lambda *_: stop.set())
     try:
         server = http.serve(_config(ctx), host, port, backend, token, max_results, max_concurrent,
-                            say=lambda s: click.echo(s, err=True))
+                            say=lambda s: click.echo(s, err=True), warm_graph=warm_graph)
     except (http.ServeError, OSError) as exc:
         _fail(str(exc))
     _emit({"serving": server.url, "openapi": f"{server.url}/openapi.json"})

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 
 from kafka.errors import KafkaError
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
@@ -46,55 +46,42 @@ from headwater.core.config import Config
 from headwater.core.offsets import offset_ranges
 from headwater.core.plan import accumulates, location_key
 
+from . import cypher, parquet  # noqa: F401 (their backends register themselves: cypher, csprov, rq)
 from .address import kafka_place, parse_source
 from .backend import (
+    RESERVED,
     Answer,
     Gap,
     Lineage,
-    LineageError,
-    Question,
-    UnknownRow,
+    StoreAccess,
     WalkingBackend,
-    check_depth,
+    backends,
     lineage_of,
     ordered,
 )
-from .cypher import CypherBackend
 from .datasets import Tables, names_table, shown
+from .errors import LineageError, UnknownRow
 from .explain import Explainer, rids_path
 from .fallback import Fallback
 from .forward_fallback import Forward
 from .narrow.narrower import Narrower
-from .parquet import CSProvBackend, RecursiveBackend
 from .payload import SINK_FORMATS, attach_payload, check_broker, kafka_record, sink_files, sink_row, table_location
+from .question import Question, moment, time_window
 from .sink_records import Placements, carried_rid
 from .walk import KINDS, MAX_REACH, is_target
 
-# cypher: the graph store; csprov: the Parquet store, reading only the sets that matter;
-# rq: the Parquet store scanned whole at every level (the baseline CSProv is measured against).
-BACKENDS = {"cypher": CypherBackend, "csprov": CSProvBackend, "rq": RecursiveBackend}
+# The backends by name (``backend.register``, ``backend.backends``): cypher, the graph store
+# (``cypher.CypherBackend``); csprov, the Parquet store, reading only the sets that matter; rq, the Parquet
+# store scanned whole at every level (the baseline CSProv is measured against); then any another package registers.
 # auto: the graph store when it answers and holds the row (the fastest, bench/query_latency.py),
 # else the Parquet store, which the indexer fills faster, so it may hold rows the graph has not yet.
 AUTO = ("cypher", "csprov")
-MAX_PATHS = 100  # paths kept per answer row, at most, for how-provenance
 TIMEOUT_S = 60.0  # a question still walking after this long is refused (checked at each level of a walk)
 # The graph store not answering: auto then asks the Parquet store.
 GRAPH_AWAY = (GraphUnavailable, ServiceUnavailable, SessionExpired, OSError)
 TABLES_TTL_S = 5.0  # how long the static tables' names are kept before the store is asked again
 BROKER_TTL_S = 10.0  # how long a broker that answered is taken to be up before payloads ask it again
 MAX_NAMED = 20  # datasets an unknown target's error names, at most
-
-
-def moment(value, name: str) -> datetime | None:
-    """A time bound or a batch's logged time as an aware datetime (naive ones are UTC); None stays None."""
-    if value is None or isinstance(value, datetime):
-        found = value
-    else:
-        try:
-            found = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise LineageError(f"{name} is an ISO 8601 time (e.g. 2026-11-23T18:00:00Z), not {value!r}") from None
-    return found.replace(tzinfo=timezone.utc) if found is not None and found.tzinfo is None else found
 
 
 class Window:
@@ -105,9 +92,7 @@ class Window:
     """
 
     def __init__(self, since=None, until=None):
-        self.since, self.until = moment(since, "since"), moment(until, "until")
-        if self.since and self.until and self.since > self.until:
-            raise LineageError(f"since ({self.since.isoformat()}) is after until ({self.until.isoformat()})")
+        self.since, self.until = time_window(since, until)
 
     def outside(self, backend: WalkingBackend):
         if self.since is None and self.until is None:
@@ -129,7 +114,7 @@ class Window:
 
 def choices() -> list[str]:
     """The names ``backend`` takes."""
-    return [*BACKENDS, "auto"]
+    return [*backends(), *RESERVED]
 
 
 class LineageClient:
@@ -167,7 +152,7 @@ class LineageClient:
     def _backend(self, name: str) -> WalkingBackend:
         with self._making:
             if name not in self._backends:  # made when first needed: a Parquet view reads the recent ranges
-                backend = BACKENDS[name](self.config)
+                backend = backends()[name](self.config)
                 backend.narrower = self.narrower()
                 self._backends[name] = backend
             return self._backends[name]
@@ -190,7 +175,7 @@ class LineageClient:
         backend = self._backend(self.names[0])
         return narrower.narrow(box, batch, backend).summary()
 
-    def _holding(self, rid: int, backward: bool) -> tuple[WalkingBackend, Question]:
+    def _holding(self, rid: int, backward: bool) -> tuple[WalkingBackend, StoreAccess]:
         """The first backend (of ``names``) whose store holds ``rid``, and a question walking from it there."""
         missed = []
         for name in self.names:
@@ -393,6 +378,8 @@ class LineageClient:
         return self._two_ways(rid, to, via, depth, payload, since, until, first_backward=True)
 
     def _one_way(self, row, to, depth, payload, cols, paths, since, until, backward: bool) -> Answer:
+        Question("backward" if backward else "forward", row,
+                 {"to": to, "depth": depth, "cols": cols, "paths": paths, "since": since, "until": until})
         rid = self.rid_of(row, made=backward)
         answer, asked = self._asked_one_way(row, rid, self.target(to), depth, payload, cols, paths, since, until,
                                             backward)
@@ -411,11 +398,6 @@ class LineageClient:
     def _asked_one_way(self, row, rid, to, depth, payload, cols, paths, since, until,
                        backward: bool) -> tuple[Answer, dict | None]:
         """The answer, and what the asked row is (``kind``, ``dataset``, ``topic``, ``path``) where known."""
-        if cols is not None and (not isinstance(cols, int) or isinstance(cols, bool) or cols == 0):
-            raise LineageError(f"cols is a non-zero bit mask of columns, not {cols!r}")
-        if not isinstance(paths, int) or isinstance(paths, bool) or not 0 <= paths <= MAX_PATHS:
-            raise LineageError(f"paths is how many paths to keep per row, 0 to {MAX_PATHS}, not {paths!r}")
-        check_depth(depth)
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
         try:
@@ -517,9 +499,10 @@ class LineageClient:
             return self._fallback, self._forward
 
     def _two_ways(self, row, to, via, depth, payload, since, until, first_backward: bool) -> Answer:
+        Question("co_dependents" if first_backward else "co_contributors", row,
+                 {"to": to, "via": via, "depth": depth, "since": since, "until": until})
         rid = self.rid_of(row, made=first_backward)
         to, via = self.target(to), self.target(via, "via")
-        check_depth(depth)
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
         backend, question = self._holding(rid, first_backward)

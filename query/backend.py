@@ -2,9 +2,11 @@
 
 To add a backend: one module with a class deriving from ``WalkingBackend`` that says how
 to find the edges adjacent to a frontier of rows and the records of rows (``_question``,
-or ``_step`` and ``_records``), and where the batch log is (``batch_statuses``); register
-it in ``BACKENDS`` in ``headwater.query.api``. The walk (``walk.walk``) and the answer
-built from it are shared, so every backend gives the same answer.
+or ``_step`` and ``_records``), and where the batch log is (``batch_statuses``), named by
+``@register("NAME")``; a package of its own names the module in its entry points, group
+``headwater.backends`` (``NAME = "package.module"``), and ``backends()`` imports it when a
+backend is first looked up. The walk (``walk.walk``) and the answer built from it are
+shared, so every backend gives the same answer.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import pyarrow as pa
 
 from headwater.store.edges import ROW_FIELDS as STORED_ROW_FIELDS
 
-from .errors import LineageError, UnknownRow
+from .errors import UnknownRow
+from .question import check_depth, check_rid
 from .walk import MAX_REACH, is_target, walk
 
-MAX_DEPTH = 64
 # What the stores record of a row (graph node properties, Parquet rows records): its rid and the store's fields.
 ROW_FIELDS = ("rid", *STORED_ROW_FIELDS)
 
@@ -143,18 +145,6 @@ def ordered(found) -> list[Lineage]:
                                         x.key or "", x.rid))
 
 
-def check_depth(depth: int) -> int:
-    if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
-        raise LineageError(f"depth must be an integer from 1 to {MAX_DEPTH}, not {depth!r}")
-    return depth
-
-
-def check_rid(rid: int) -> int:
-    if not isinstance(rid, int) or isinstance(rid, bool) or not -(1 << 63) <= rid < 1 << 63:
-        raise LineageError(f"a rid is a signed 64-bit integer, not {rid!r}")
-    return rid
-
-
 def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: int | None = None,
                paths: bool = False) -> list[Lineage]:
     """The targets among the rows a walk found (``walk.Reach`` by rid), as ``Lineage`` records in answer order.
@@ -179,7 +169,7 @@ def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: i
     return ordered(answer)
 
 
-class Question:
+class StoreAccess:
     """One question's access to a store: the edges adjacent to a frontier, and rows' records (``known``:
     records read already, not read again)."""
 
@@ -195,14 +185,46 @@ class Question:
         return {**self._records([r for r in rids if r not in found]), **found}
 
 
+# The backends by name, in the order they were registered: the query tier's own (cypher, csprov, rq) as
+# ``headwater.query.api`` imports them, then those of other packages' entry points.
+BACKENDS: dict[str, type[WalkingBackend]] = {}
+ENTRY_POINTS = "headwater.backends"
+RESERVED = ("auto",)  # the graph when it holds the row, else the Parquet store (``LineageClient``)
+
+
+def register(name: str) -> Callable[[type[WalkingBackend]], type[WalkingBackend]]:
+    """A class decorator: the backend ``backend=name`` picks. A name taken already is refused."""
+    def add(cls: type[WalkingBackend]) -> type[WalkingBackend]:
+        if name in RESERVED or BACKENDS.get(name, cls) is not cls:
+            raise ValueError(f"a backend named {name!r} is registered already")
+        BACKENDS[name] = cls
+        return cls
+    return add
+
+
+_loaded = False
+
+
+def backends() -> dict[str, type[WalkingBackend]]:
+    """Every registered backend by name, once the modules other packages name in their entry points are imported."""
+    global _loaded
+    if not _loaded:
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=ENTRY_POINTS):
+            point.load()  # a module whose classes register themselves
+        _loaded = True
+    return BACKENDS
+
+
 class WalkingBackend:
     """A backend answers by ``walk.walk`` over its store's edges; subclasses say how to reach them."""
 
     store = "store"  # what the errors call it
     narrower = None  # ``narrow.narrower.Narrower``: black boxes' narrowed batches put in every walk, where set
 
-    def _question(self, backward: bool) -> Question:
-        return Question(self._step(backward), self._records)
+    def _question(self, backward: bool) -> StoreAccess:
+        return StoreAccess(self._step(backward), self._records)
 
     def _step(self, backward: bool) -> Callable[[list[int]], pa.Table]:
         raise NotImplementedError
@@ -242,7 +264,7 @@ class WalkingBackend:
     def _unknown(self, rid: int) -> UnknownRow:
         return UnknownRow(f"rid {rid} is not in the lineage {self.store} (not captured, or not indexed yet)")
 
-    def question_from(self, rid: int, backward: bool) -> Question:
+    def question_from(self, rid: int, backward: bool) -> StoreAccess:
         """A question that walks from ``rid`` (``walk``'s ``question``), the row's record read;
         ``UnknownRow`` unless the store holds it."""
         question = self._question(backward)
@@ -255,7 +277,7 @@ class WalkingBackend:
 
     def walk(self, starts: list[int], depth: int, backward: bool, cols: int | None = None, paths: int = 0,
              max_reach: int | None = None, deadline: float | None = None, outside=None,
-             question: Question | None = None):
+             question: StoreAccess | None = None):
         """``walk.walk`` from ``starts``, and the records of every row it started from, found or ended on
         (``question``: one begun already, as ``question_from`` begins it)."""
 

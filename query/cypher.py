@@ -15,7 +15,8 @@ from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
 from headwater.store.graph import batch_fields, batch_statuses, gaps_between
 
-from .backend import ROW_FIELDS, Question, WalkingBackend, check_rid
+from .backend import ROW_FIELDS, StoreAccess, WalkingBackend, register
+from .question import check_rid
 
 # A frontier's edges, each with the properties of the row at its far end and how many edges lead on from that
 # row: a walk needs the records of the rows it reached, and reading them with the edges saves a round trip a
@@ -41,6 +42,7 @@ _STATIC_DATASETS = "MATCH (d:Dataset) WHERE d.source = 'static'"
 STATUS_TTL_S = 2.0
 
 
+@register("cypher")
 class CypherBackend(WalkingBackend):
     store = "graph"
 
@@ -65,7 +67,7 @@ class CypherBackend(WalkingBackend):
         rids = list(rids)
         return [row for i in range(0, len(rids), _CHUNK) for row in self._run(query, **{name: rids[i: i + _CHUNK]})]
 
-    def question_from(self, rid: int, backward: bool) -> Question:
+    def question_from(self, rid: int, backward: bool) -> StoreAccess:
         near, far = ("b", "a") if backward else ("a", "b")
         rows = self._run(_FROM.format(near=near, far=far, onward=_ONWARD[far]), rid=check_rid(rid))
         if not rows:
@@ -74,7 +76,7 @@ class CypherBackend(WalkingBackend):
         return self._question(backward, {rid: record}, {rid: rows[0]["edges"]})
 
     def _question(self, backward: bool, known: dict[int, dict] | None = None,
-                  read: dict[int, list] | None = None) -> Question:
+                  read: dict[int, list] | None = None) -> StoreAccess:
         """``read``: a row's edges read already (``question_from``), for the step from it alone."""
         near, far = ("b", "a") if backward else ("a", "b")
         query = _EDGES.format(near=near, far=far, onward=_ONWARD[far])
@@ -99,7 +101,7 @@ class CypherBackend(WalkingBackend):
                               "batch": properties["batch"], "op": properties["op"],
                               "exact": properties.get("exact") is not False, "cols": properties.get("cols", -1)})
             return pa.Table.from_pylist(edges, EDGE_SCHEMA)
-        return Question(step, self._records, known)
+        return StoreAccess(step, self._records, known)
 
     def _records(self, rids) -> dict[int, dict]:
         return {row["rid"]: row for row in self._chunked(_ROWS, "rids", rids)}

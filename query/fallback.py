@@ -49,7 +49,8 @@ from headwater.core.plan import location_key
 from headwater.store.batch_log import BatchLog
 from headwater.store.plans import PlanStore
 
-from .backend import Lineage, LineageError
+from .backend import Lineage
+from .errors import LineageError
 from .infer.operators import Plan, Relation, build
 from .infer.refine import Inferred, Prepared, infer, prepare
 

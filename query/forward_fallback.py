@@ -36,7 +36,8 @@ from headwater.core import rid as rids
 from headwater.core.offsets import offset_ranges
 from headwater.core.plan import STATEFUL_BLACK_BOXES
 
-from .backend import Gap, Lineage, LineageError
+from .backend import Gap, Lineage
+from .errors import LineageError
 from .fallback import Fallback, static_source
 from .infer.evaluate import Unevaluable, value_key
 from .infer.operators import Aggregate, Deduplicate, Join, Limit, Op, Plan, Relation, Unknown, Window, WindowGroupLimit

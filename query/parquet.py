@@ -34,7 +34,7 @@ from headwater.store.batch_log import BatchLog
 from headwater.store.edges import ROWS_SCHEMA, STORE_SCHEMA
 from headwater.store.generation import Generation, snapshot
 
-from .backend import Question, WalkingBackend
+from .backend import StoreAccess, WalkingBackend, register
 
 EDGE_COLUMNS = EDGE_SCHEMA.names
 
@@ -109,8 +109,9 @@ class _ParquetBackend(WalkingBackend):
         return self.log.refresh().dataset(name)
 
 
+@register("csprov")
 class CSProvBackend(_ParquetBackend):
-    def _question(self, backward: bool) -> Question:
+    def _question(self, backward: bool) -> StoreAccess:
         gen, recent = self.view.generation, self.view.recent_edges
         held: dict[int, dict] = {}  # the generation's rows records read so far, by rid
         near, onward = ("dst", "has_in") if backward else ("src", "has_out")
@@ -135,9 +136,10 @@ class CSProvBackend(_ParquetBackend):
             if gen is not None:
                 load(frontier)
             return pa.concat_tables([_adjacent(t, near, frontier) for t in loaded + [recent]])
-        return Question(step, records)
+        return StoreAccess(step, records)
 
 
+@register("rq")
 class RecursiveBackend(_ParquetBackend):
     def _step(self, backward: bool):
         gen, recent = self.view.generation, self.view.recent_edges

@@ -18,7 +18,8 @@ from headwater.adapters.table_files.listing import data_files
 from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
 
-from .backend import Lineage, LineageError
+from .backend import Lineage
+from .errors import LineageError
 from .fallback import key_text, logged_time
 
 

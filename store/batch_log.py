@@ -156,9 +156,17 @@ def _listing(root: Path) -> list[str]:
         return []
 
 
+def _matched(pattern: re.Pattern, name: str) -> re.Match:
+    """The match of a file name listed as one of ``pattern``'s."""
+    found = pattern.match(name)
+    if found is None:
+        raise ValueError(f"{name!r} is not a batch log file of the form {pattern.pattern}")
+    return found
+
+
 def _epoch_of(name: str) -> int:
     found = _SEGMENT.match(name)
-    return int(found.group(1)) if found else int(_RUN.match(name).group(2))
+    return int(found.group(1)) if found else int(_matched(_RUN, name).group(2))
 
 
 def fsync_dir(path: Path) -> None:
@@ -256,7 +264,7 @@ class _Writing:
                 if os.write(self.fd, line) != len(line):
                     raise OSError(f"short write to {self.path}")
                 os.fsync(self.fd)
-                claimed = not self.path.exists()
+                claimed = self.path is None or not self.path.exists()
             except OSError:
                 self.close()  # a torn line ends its segment
                 raise
@@ -315,7 +323,7 @@ class _Writing:
             runs[-2:] = [run]
 
     def _write_run(self, table: pa.Table, epoch: int, runs: list[Path]) -> Path:
-        seq = max((int(_RUN.match(p.name).group(1)) for p in runs), default=0) + 1
+        seq = max((int(_matched(_RUN, p.name).group(1)) for p in runs), default=0) + 1
         path = self.root / f"run-{seq:08d}-{epoch:06d}-{uuid.uuid4().hex[:12]}.parquet"
         tmp = self.root / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
         pq.write_table(table, tmp, compression="zstd")
@@ -410,7 +418,7 @@ class _Partition:
         self.statuses = statuses  # the runs' statuses merged: (query, batch) -> (position, status)
         self.tail = tail  # the segments' entries
 
-    def status(self, key: tuple[str, int]) -> tuple[int, str] | None:
+    def status(self, key: tuple[str, int]) -> tuple[int, str | None] | None:
         held = self.statuses.get(key)
         tail = self.tail.batches.get(key, {}).get("status")
         if tail is not None and (held is None or _later(tail[0], _status_text(tail[1]), held)):
@@ -558,7 +566,7 @@ class BatchLog:
         """Every static dataset's description, by name (``dataset``)."""
         names = {name for p in self._partitions
                  for name in [*p.tail.datasets, *(n for run in p.runs for n in run.datasets)]}
-        return {name: self.dataset(name) for name in sorted(names)}
+        return {name: found for name in sorted(names) if (found := self.dataset(name)) is not None}
 
     def dataset(self, name: str) -> dict | None:
         """A static dataset's description as the graph's ``(:Dataset)`` node has it, or None."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -145,7 +145,9 @@ def _per_output(edges: pa.Table) -> pa.Table:
 
 def _in_chunks(outputs: pa.Table) -> list[list[dict]]:
     """``CREATE_EDGES``' parameters: ``_per_output``'s rows as maps, about ``CHUNK`` edges at a time."""
-    chunks, chunk, size = [], [], 0
+    chunks: list[list[dict]] = []
+    chunk: list[dict] = []
+    size = 0
     for row in outputs.to_pylist():
         if chunk and size + len(row["src"]) > CHUNK:
             chunks.append(chunk)
@@ -332,7 +334,8 @@ def _sink_writes(offsets: dict) -> list[dict]:
             for partition, span in sorted(partitions.items(), key=lambda kv: int(kv[0]))]
 
 
-_LINKS_OF = {"sources": _source_reads, "tables": _table_reads, "sink_offsets": _sink_writes}
+_LINKS_OF: dict[str, Callable[[Any], list]] = {
+    "sources": _source_reads, "tables": _table_reads, "sink_offsets": _sink_writes}
 
 
 def batch_statuses(graph, pairs: Iterable[tuple[str, int]], database: str | None = None) -> dict:

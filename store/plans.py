@@ -110,7 +110,7 @@ class PlanStore:
             except FileNotFoundError:
                 continue  # a query's folder gone meanwhile
             query = bytes.fromhex(name).decode()
-            found += [(query, int(_FILE.match(n).group(1)), self.root / name / n) for n in listed]
+            found += [(query, int(match.group(1)), self.root / name / n) for n in listed if (match := _FILE.match(n))]
         return found
 
     @staticmethod

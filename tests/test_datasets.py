@@ -6,8 +6,8 @@ import pytest
 
 from headwater.core.rid import table_dataset, table_rid
 from headwater.query.address import parse_source
-from headwater.query.backend import LineageError
 from headwater.query.datasets import Tables, names_table, short_name, shown
+from headwater.query.errors import LineageError
 
 V1 = table_dataset("file:/data/v1/sites.parquet")
 V2 = table_dataset("file:/data/v2/sites.parquet")

@@ -25,7 +25,7 @@ from headwater.demo import orders as data
 from headwater.demo.pipeline import enriched_orders
 from headwater.demo.run import count_malformed, end_offsets, run_pipeline
 from headwater.query.api import LineageClient
-from headwater.query.backend import LineageError
+from headwater.query.errors import LineageError
 from headwater.query.fallback import Fallback
 from headwater.query.infer.operators import build
 from headwater.store.plans import PlanStore

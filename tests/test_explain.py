@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from headwater.query.backend import Lineage, LineageError
+from headwater.query.backend import Lineage
+from headwater.query.errors import LineageError
 from headwater.query.explain import Explainer, columns, duration, operators
 from headwater.store.plans import PlanStore
 

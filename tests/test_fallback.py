@@ -18,7 +18,7 @@ from headwater.core.rid import kafka_rid, table_rid, table_row_rid
 from headwater.demo import orders as data
 from headwater.demo.run import end_offsets, run_pipeline
 from headwater.query.api import LineageClient
-from headwater.query.backend import LineageError, UnknownRow
+from headwater.query.errors import LineageError, UnknownRow
 from headwater.store.plans import PlanStore
 
 from .conftest import index, own_topics, records_read, sink_file_batches

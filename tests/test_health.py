@@ -1,5 +1,5 @@
 """What Prometheus and Kubernetes see of the services: ``/metrics``, ``/healthz`` and ``/readyz`` of the
-query service (``query/http.py``) and of the indexer (``headwater index --metrics-port``), on real
+query service (``query/http/``) and of the indexer (``headwater index --metrics-port``), on real
 servers: the local stack's graph, a Parquet store written without Spark, and a graph address nobody
 listens on for a graph that is down.
 """

@@ -419,7 +419,7 @@ def test_image_sources_build_the_package(tmp_path):
     assert done.returncode == 0, done.stderr
     [wheel] = (tmp_path / "wheel").glob("headwater-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"headwater/indexer/service.py", "headwater/query/http.py", "headwater/cli.py"} <= names
+    assert {"headwater/indexer/service.py", "headwater/query/http/server.py", "headwater/cli.py"} <= names
     [entry_points] = [n for n in names if n.endswith("entry_points.txt")]
     assert "headwater = headwater.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

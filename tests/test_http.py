@@ -1,4 +1,4 @@
-"""The HTTP API (``query/http.py``, ``headwater serve``) on a Parquet store written without Spark.
+"""The HTTP API (``query/http/``, ``headwater serve``) on a Parquet store written without Spark.
 
 Its answers are checked against the Python API's and the path-enumerating oracle's
 (``tests/test_query_backends.py``); then auth, hostile input, the request limits, the
@@ -34,9 +34,12 @@ from headwater.core.config import Config
 from headwater.core.rid import FOREACH_BATCH_OP, kafka_rid, state_rid, table_rid
 from headwater.indexer.shard import Shard
 from headwater.query import api, http
+from headwater.query import backend as backend_module
 from headwater.query.address import parse_source
 from headwater.query.api import LineageClient
-from headwater.query.backend import MAX_DEPTH, Lineage, LineageError, WalkingBackend
+from headwater.query.backend import Lineage, WalkingBackend
+from headwater.query.errors import LineageError
+from headwater.query.question import MAX_DEPTH
 from headwater.query.walk import Walk
 from headwater.store.edges import shard_root
 from tests.test_query_backends import oracle, pipeline, summary
@@ -408,7 +411,7 @@ class FakeBlockingBackend(WalkingBackend):
 
 def test_max_concurrent_queues_briefly_then_answers_503(store, monkeypatch):
     """Beyond max_concurrent, a query waits for a slot (max_queued of them, queue_wait_s each); past either, 503."""
-    monkeypatch.setitem(api.BACKENDS, "fake-blocking", FakeBlockingBackend)
+    monkeypatch.setitem(backend_module.BACKENDS, "fake-blocking", FakeBlockingBackend)
     FakeBlockingBackend.entered.clear()
     FakeBlockingBackend.release.clear()
     running = http.serve(store.config, "127.0.0.1", 0, backend="csprov", token=TOKEN, max_concurrent=1,
@@ -454,7 +457,7 @@ def test_max_concurrent_queues_briefly_then_answers_503(store, monkeypatch):
 
 
 def test_slots_serve_waiting_queries_first_come_first_served():
-    slots = http._Slots(running=1, queued=3, wait_s=10)
+    slots = http.Slots(running=1, queued=3, wait_s=10)
     assert slots.enter()
     order = []
 
@@ -587,6 +590,37 @@ def test_the_server_sees_the_store_grow(tmp_path):
             assert status == 200 and body["answer"] == expected, backend
     finally:
         running.close()
+
+
+def test_the_graph_is_read_once_as_soon_as_it_answers(stack_config, tmp_path):
+    """A server whose backend may be the graph's reads the whole graph once at start (``graph.warm_up``), in a
+    thread of its own: it answers meanwhile."""
+    said = []
+    running = http.serve(stack_config.with_overrides(store_dir=str(tmp_path)), "127.0.0.1", 0, backend="cypher",
+                         say=said.append)
+    try:
+        assert get(running, "/healthz", token=None)[0] == 200
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("graph: warm") for line in said) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        running.close()
+    assert [line for line in said if line.startswith("graph:")][-1].startswith("graph: warmed up in "), said
+
+
+def test_a_server_started_before_its_graph_closes_at_once(store):
+    """The warm-up waits for a graph that does not answer yet, and is given up when the server closes."""
+    said = []
+    running = http.serve(store.config, "127.0.0.1", 0, backend="auto", say=said.append)
+    assert running.warm_graph
+    time.sleep(0.5)  # the warm-up's first probe refused (no graph on store.config's port)
+    started = time.monotonic()
+    running.close()
+    assert time.monotonic() - started < 3
+    assert not [line for line in said if line.startswith("graph:")]
+    parquet_only = http.serve(store.config, "127.0.0.1", 0, backend="csprov", say=said.append)
+    parquet_only.close()
+    assert not parquet_only.warm_graph
 
 
 def test_address_errors_are_lineage_errors():

@@ -15,7 +15,7 @@ import pytest
 from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient
-from headwater.query.backend import LineageError
+from headwater.query.errors import LineageError
 
 from . import pipelines
 from .conftest import index

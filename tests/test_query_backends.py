@@ -20,8 +20,8 @@ import pytest
 from bench.workload import _edges, _nodes
 from headwater.indexer.compaction import compact
 from headwater.indexer.shard import Shard
-from headwater.query.backend import LineageError
 from headwater.query.cypher import CypherBackend
+from headwater.query.errors import LineageError
 from headwater.query.parquet import CSProvBackend, RecursiveBackend, StoreView
 from headwater.query.walk import is_target
 from headwater.store.edges import shard_root

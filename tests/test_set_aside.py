@@ -22,7 +22,8 @@ from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, encode_lineage, encode_log
 from headwater.indexer.compaction import compact
 from headwater.query.api import LineageClient
-from headwater.query.backend import ROW_FIELDS, UnknownRow
+from headwater.query.backend import ROW_FIELDS
+from headwater.query.errors import UnknownRow
 from headwater.query.parquet import StoreView
 from headwater.store.generation import Generation
 

@@ -322,6 +322,35 @@ def test_memory_sink_is_a_view_named_after_the_query(spark, env, expected, tmp_p
     assert sorted(r["id"] for r in rows) == sorted(expected) and all(r["_hw_rid"] is not None for r in rows)
 
 
+def test_a_registered_sink_is_written_by_a_traced_query(spark, env, expected, tmp_path, monkeypatch):
+    """A sink another package registers for its format (``register_sink``) gets every batch's rows, each with its
+    rid; ``open`` is given the writer's settings."""
+    from headwater.capture.sinks import AT_LEAST_ONCE, Sink, base, register_sink
+
+    monkeypatch.setattr(base, "SINKS", dict(base.SINKS))  # the registration is this test's alone
+    written, opened = [], []
+
+    @register_sink("hw-collected")
+    class Collected(Sink):
+        guarantee = AT_LEAST_ONCE
+
+        @classmethod
+        def open(cls, spark, spec, schema, output_mode):
+            opened.append((spec.options.get("label"), output_mode, "_hw_rid" in schema.fieldNames()))
+            return cls()
+
+        def write(self, df, batch_id):
+            written.extend(r.asDict() for r in df.collect())
+
+    with pytest.raises(ValueError, match="registered already"):
+        register_sink("hw-collected")(type("Other", (Sink,), {}))
+    name = f"hw_collected_{uuid.uuid4().hex[:6]}"
+    run(lambda cp: env.tracer.trace(stream(spark, env), name=name, keys={"dims": "k"}).writeStream
+        .format("hw-collected").option("label", "mine").option("checkpointLocation", cp).start(), tmp_path / "cp", env)
+    assert opened == [("mine", "append", True)]
+    assert sorted(r["id"] for r in written) == sorted(expected) and all(r["_hw_rid"] is not None for r in written)
+
+
 def test_what_cannot_be_traced_as_asked_fails_at_start_naming_it(spark, env, tmp_path):
     traced = env.tracer.trace(stream(spark, env), name=f"refused-{uuid.uuid4().hex[:6]}")
     checkpoint = str(tmp_path / "cp")

@@ -39,7 +39,7 @@ from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH
 from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
-from headwater.query.backend import LineageError
+from headwater.query.errors import LineageError
 
 from .conftest import (
     edges_published,

@@ -28,7 +28,7 @@ from headwater.core.rid import kafka_rid, table_rid, table_row_rid
 from headwater.demo import orders as data
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient
-from headwater.query.backend import LineageError, UnknownRow
+from headwater.query.errors import LineageError, UnknownRow
 
 from .conftest import index, own_topics, records_read
 

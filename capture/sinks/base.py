@@ -5,8 +5,10 @@ the kind."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
@@ -60,13 +62,50 @@ def option(options: dict, key: str) -> str | None:
     return None
 
 
+# The sinks by the format name ``writeStream.format`` gives (``register_sink``): capture's own, then those of other
+# packages' entry points (group ``headwater.sinks``: ``NAME = "package.module"``, a module whose classes register
+# themselves). A format none names is written by Spark's own code (``spark_sinks.spark_sink``).
+SINKS: dict[str, type[Sink]] = {}
+ENTRY_POINTS = "headwater.sinks"
+_loaded = False
+
+
+def register_sink(format: str) -> Callable[[type[Sink]], type[Sink]]:
+    """A class decorator: the ``Sink`` a traced query with ``writeStream.format(format)`` writes through (its
+    ``open``). A name taken already is refused."""
+    def add(cls: type[Sink]) -> type[Sink]:
+        if SINKS.get(format, cls) is not cls:
+            raise ValueError(f"a sink for format {format!r} is registered already")
+        SINKS[format] = cls
+        return cls
+    return add
+
+
+def registered_sinks() -> dict[str, type[Sink]]:
+    """Every registered sink by format, once the modules other packages name in their entry points are imported."""
+    global _loaded
+    if not _loaded:
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=ENTRY_POINTS):
+            point.load()
+        _loaded = True
+    return SINKS
+
+
 class Sink:
-    """One kind of sink: ``write`` puts one micro-batch's rows in it."""
+    """One kind of sink: ``write`` puts one micro-batch's rows in it; ``open`` makes one, for a registered sink."""
 
     guarantee = AT_LEAST_ONCE  # what a batch retried after a crash leaves in the sink
     # Whether writing a batch reads every row of it, so its lineage can be published by the
     # tasks that write it; not where code may skip rows (the user's, a V1 sink's own).
     reads_every_row = True
+
+    @classmethod
+    def open(cls, spark: SparkSession, spec: SinkSpec, schema: StructType, output_mode: str) -> Sink:
+        """The sink for the writer's settings (``output_mode`` in lower case: append, update or complete), built
+        as Spark would build it at ``start()``: what a registered sink (``register_sink``) says how to do."""
+        raise NotImplementedError(f"{cls.__name__} is registered as a sink and says not how to open one")
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         raise NotImplementedError

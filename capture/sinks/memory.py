@@ -5,17 +5,22 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from .base import Sink, SinkError
+from .base import MEMORY, Sink, SinkError, option, register_sink
 from .jvm import java_schema
 
 EXACTLY_ONCE_IN_SESSION = "exactly-once while the session lives"
 
 
+@register_sink(MEMORY)
 class MemorySink(Sink):
     """As ``DataStreamWriter`` starts a memory sink: a ``MemorySink``, and a temporary view of
     the query's name over it; in complete mode each batch replaces the rows before it."""
 
     guarantee = EXACTLY_ONCE_IN_SESSION
+
+    @classmethod
+    def open(cls, spark, spec, schema, output_mode) -> "MemorySink":
+        return cls(spark, option(spec.options, "queryName"), schema, complete=output_mode.lower() == "complete")
 
     def __init__(self, spark: SparkSession, query_name: str | None, schema: StructType, complete: bool):
         if not query_name:

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from .base import AT_LEAST_ONCE, NONE, Sink, SinkError, option
+from .base import AT_LEAST_ONCE, CONSOLE, FOREACH, FOREACH_BATCH, NONE, NOOP, Sink, SinkError, option, register_sink
 
 RULE = "-" * 43  # ConsoleWrite's rule above and below "Batch: N"
 
 
+@register_sink(FOREACH_BATCH)
 class ForeachBatchSink(Sink):
     guarantee = AT_LEAST_ONCE
     reads_every_row = False  # the user's code
+
+    @classmethod
+    def open(cls, spark, spec, schema, output_mode) -> "ForeachBatchSink":
+        return cls(spec.function)
 
     def __init__(self, function):
         if not callable(function):
@@ -28,6 +33,7 @@ class ForeachBatchSink(Sink):
         self.function(df, batch_id)
 
 
+@register_sink(FOREACH)
 class ForeachSink(Sink):
     """``foreach(f)``: ``f(row)`` for every row, or a writer's ``open(partition_id, epoch_id)``,
     ``process(row)`` and ``close(error)`` per partition, as ``DataStreamWriter.foreach`` calls them."""
@@ -37,6 +43,10 @@ class ForeachSink(Sink):
 
     def __init__(self, writer):
         self.run = partition_writer(writer)
+
+    @classmethod
+    def open(cls, spark, spec, schema, output_mode) -> "ForeachSink":
+        return cls(spec.function)
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         run = self.run
@@ -74,6 +84,7 @@ def partition_writer(writer):
     return open_process_close
 
 
+@register_sink(CONSOLE)
 class ConsoleSink(Sink):
     """What Spark's console sink prints: the batch's header, then its rows."""
 
@@ -84,13 +95,22 @@ class ConsoleSink(Sink):
         self.rows = int(option(options, "numRows") or 20)
         self.truncate = (option(options, "truncate") or "true").lower() == "true"
 
+    @classmethod
+    def open(cls, spark, spec, schema, output_mode) -> "ConsoleSink":
+        return cls(spec.options)
+
     def write(self, df: DataFrame, batch_id: int) -> None:
         print(f"{RULE}\nBatch: {batch_id}\n{RULE}")
         df.show(self.rows, truncate=self.truncate)
 
 
+@register_sink(NOOP)
 class NoopSink(Sink):
     guarantee = NONE
+
+    @classmethod
+    def open(cls, spark, spec, schema, output_mode) -> "NoopSink":
+        return cls()
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         df.write.format("noop").mode("overwrite").save()

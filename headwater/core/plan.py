@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Iterator, TypedDict
+from typing import Iterator, Sequence, TypedDict
 
 # Spark logical plan classes (simple names) by IR kind.
 _KINDS = {
@@ -361,7 +361,7 @@ def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
 _EXPR_ID = re.compile(r'"exprId":\{"product-class":"[^"]*","id":(\d+),"jvmId":"[^"]*"\}')
 
 
-def plan_fingerprint(analyzed_json: str, places: list[str] = ()) -> str:
+def plan_fingerprint(analyzed_json: str, places: Sequence[str] = ()) -> str:
     """A digest of an analyzed plan (``toJSON()``) and of where its relations' rows live
     (``places``: Spark's JSON leaves file locations out) that is equal for equal plans across runs.
 

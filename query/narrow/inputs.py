@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from headwater.core import rid as rids
 
-from ..backend import LineageError
+from ..errors import LineageError
 from ..infer.evaluate import Unevaluable
 from ..infer.operators import Relation, Unknown
 from ..infer.run import LINEAGE, Running

@@ -43,7 +43,7 @@ from headwater.core import signing
 from headwater.core.config import Config
 from headwater.store.batch_log import fsync_dir
 
-from ..backend import LineageError
+from ..errors import LineageError
 
 TIMEOUT_S = 60.0  # wall time of one narrowing's worker
 MEMORY_BYTES = 4 << 30  # address space of the worker
