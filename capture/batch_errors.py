@@ -58,7 +58,7 @@ def for_the_stream(error: Py4JJavaError, job_group: str | None) -> Exception:
 
 def _causes(java_exception) -> list[tuple[str, str]]:
     """Each Java cause's class name and first line of message, outermost first."""
-    causes = []
+    causes: list[tuple[str, str]] = []
     while java_exception is not None and len(causes) < MOST_CAUSES:
         message = str(java_exception.getMessage() or "").strip()
         line = message.splitlines()[0][:MOST_LINE] if message else ""
@@ -69,4 +69,6 @@ def _causes(java_exception) -> list[tuple[str, str]]:
 
 def _cancelled(causes: list[tuple[str, str]], job_group: str | None) -> bool:
     """Whether the batch's job group was cancelled (``query.stop()`` cancels it), as Spark tells it."""
-    return bool(job_group) and any("cancelled" in line and job_group in line for _, line in causes)
+    if not job_group:
+        return False
+    return any("cancelled" in line and job_group in line for _, line in causes)

@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame
@@ -55,16 +55,16 @@ def _holds_map(dtype) -> bool:
 class BatchHook:
     """The per-batch hook: user's rows to the user's sink, lineage to the journal."""
 
-    def __init__(self, traced: Traced, spec: SinkSpec):
+    def __init__(self, traced: Traced, spec: SinkSpec, sink: Sink):
         self.traced = traced
         self.spec = spec
-        self.sink: Sink | None = None  # opened from the spec at start()
+        self.sink = sink  # opened from the spec at start() (``sinks.open_sink``)
         threaded = traced.threaded
         self.masks = column_masks(threaded.ir)
-        config = traced.tracer.config
+        config = traced.config
         self.budget = OverheadBudget(config.overhead_budget)
         self.log_only = config.capture == LOG_ONLY  # the operator turned edges off, the log stays
-        context = traced.tracer.spark.sparkContext
+        context = traced.spark.sparkContext
         self.counts = traced.counts
         self._counted = self.counts.value()  # the accumulators as the last batch left them
         self.parallelism = max(1, context.defaultParallelism)
@@ -81,7 +81,7 @@ class BatchHook:
                        if node.detail.get("source") == "static" for location in node.detail.get("locations", [])}
         # The journal filters of what this query publishes from the hook (``publishers.py``), built once:
         # a batch only puts them in its plan. Their fields' types are those of the batch's frame.
-        journals, name = traced.tracer.journals, traced.name
+        journals, name = traced.journals, traced.name
         self.frame = frame = self.streaming_frame(threaded.df)  # what the writer streams into this hook
         # What the hook asks of Spark every batch, one call into the JVM each (``Hook.java``).
         self.jvm = journals.hook(ROW_HASH, RID_COLUMN, self._named)
@@ -172,7 +172,7 @@ class BatchHook:
 
     def run_batch(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        self.traced.tracer.batch_started(self.traced.name, batch_id)
+        self.traced.shipper.batch_started(self.traced.name, batch_id)
         versions = self.table_versions()  # as the batch reads them: a table may change before the next
         plan = Plan(LOG_ONLY, 0.0) if self.log_only else self.budget.plan()
         capture = plan.level != LOG_ONLY
@@ -192,7 +192,7 @@ class BatchHook:
             write = self._write_streamed if self.streamed else self._write_split
             apart, written_nanos, errors = write(batch_df, batch_id, capture, written)
         finally:
-            context.setLocalProperty(PROPERTY, None)
+            context.setLocalProperty(PROPERTY, None)  # type: ignore[arg-type]  # None unsets it; PySpark's hint omits it
         stats = self._stats(capture, errors)
         nanos = stats.pop("nanos", 0) if written_nanos is None else written_nanos
         metrics.TASK_SECONDS.labels(self.traced.name).inc(nanos / 1e9)
@@ -207,7 +207,7 @@ class BatchHook:
         extra = {"sampled_fraction": plan.fraction} if plan.level == SAMPLED else {}
         if written:
             extra["sink_written_before"] = True
-        self.traced.tracer.publish_log(
+        self.traced.shipper.publish_log(
             LOG_BATCH, later=functools.partial(self.files, batch_id), query=self.traced.name, batch=batch_id,
             status=status, seconds=round(time.monotonic() - started, 3), capture_seconds=round(publishing, 3),
             **extra, **stats, tables=versions,
@@ -224,7 +224,7 @@ class BatchHook:
             return 0.0, None, []
         if not capture:
             return 0.0, None, []
-        return self._apart([(batch_df, None)])
+        return self._run_journal_jobs([(batch_df, None)])
 
     def _write_split(self, batch_df: DataFrame, batch_id: int, capture: bool, written: bool) \
             -> tuple[float, int | None, list[str]]:
@@ -246,19 +246,19 @@ class BatchHook:
             if self.foreach_batch is not None:
                 jobs.append((out, self.foreach_batch))
             jobs.extend((frame.where(F.col(BLACK_BOX_MARKER) == box.node_id), journal) for box, journal in self.boxes)
-            return self._apart(jobs)
+            return self._run_journal_jobs(jobs)
         finally:
             if capture:
                 out.unpersist()
             if capture and boxes:
                 frame.unpersist()
 
-    def _apart(self, jobs: list[tuple[DataFrame, Column | None]]) -> tuple[float, int, list[str]]:
+    def _run_journal_jobs(self, jobs: Sequence[tuple[DataFrame, Column | None]]) -> tuple[float, int, list[str]]:
         """Journal lineage by jobs of capture's own, one for each ``(rows, journal)`` of ``jobs``: the rows
         through that journal filter, or (None) rows whose plan journals them already. Returns their seconds,
         capture's nanoseconds inside the user's tasks before them, and what failed."""
         in_tasks = self.counts.nanos() - self._counted["nanos"]
-        context = self.traced.tracer.spark.sparkContext
+        context = self.traced.spark.sparkContext
         started = time.monotonic()
         errors = []
         context.setLocalProperty(CAPTURE_PROPERTY, "publish")
@@ -270,7 +270,7 @@ class BatchHook:
                     log.exception("journaling lineage of %s failed", self.traced.name)
                     errors.append(str(exc)[:500])
         finally:
-            context.setLocalProperty(CAPTURE_PROPERTY, None)
+            context.setLocalProperty(CAPTURE_PROPERTY, None)  # type: ignore[arg-type]  # None unsets it, as above
         return time.monotonic() - started, in_tasks, errors
 
     def _stats(self, capture: bool, errors: list[str]) -> dict:
@@ -283,7 +283,7 @@ class BatchHook:
         if not capture:
             return {}
         delta = {name: now[name] - previous[name] for name in now}
-        stats = {"rows_out": delta.pop("rows"), **delta}
+        stats: dict[str, int | str] = {"rows_out": delta.pop("rows"), **delta}
         failed = stats.pop("failed")
         if failed:
             errors = [*errors, f"lineage failed in {failed} task(s); see the executors' logs"]
@@ -314,7 +314,7 @@ class BatchHook:
                  f"(a new checkpoint over the same sink?), and skips this batch, as Spark's sink does untraced")
         log.error("%s, batch %s: %s", self.traced.name, batch_id, error)
         metrics.record_batch(self.traced.name, "failed", {}, 0.0)
-        self.traced.tracer.publish_log(
+        self.traced.shipper.publish_log(
             LOG_BATCH, query=self.traced.name, batch=batch_id, status="failed",
             seconds=seconds, capture_seconds=0.0, error=error, tables=versions)
 
@@ -327,7 +327,7 @@ class BatchHook:
         if ops and run is not None:
             try:  # Spark's plan of this micro-batch, with its watermarks (the hook's DataFrame only scans its rows)
                 # The query is the traced session's: the batch's own session is the stream's clone of it.
-                late = late_watermarks(json.loads(self.jvm.late(self.traced.tracer.spark._jsparkSession, query_id)),
+                late = late_watermarks(json.loads(self.jvm.late(self.traced.spark._jsparkSession, query_id)),
                                        ops)
             except Exception:  # the tasks then journal no state edges of aggregates that drop late rows
                 log.exception("the watermarks of %s's aggregates are not known for batch %s", self.traced.name,

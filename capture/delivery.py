@@ -42,6 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kafka import KafkaProducer
+    from kafka.producer.future import FutureRecordMetadata
+
     from headwater.core.config import Config
 
 log = logging.getLogger("headwater.capture")
@@ -321,7 +324,7 @@ class Delivery:
         self.settings = settings
         self.spill = Spill(settings.spill_dir, settings.spill_max_bytes, settings.destination)
         self.breaker = Breaker(Path(settings.spill_dir), settings.breaker_cooldown_s)
-        self._producer = None
+        self._producer: KafkaProducer | None = None
         # The topics known to exist since this process last saw the broker away: a broker that comes
         # back may have lost them, and another process's probe (which closes the breaker) checks only
         # its own. Until a topic is in here, it is made sure of before anything is sent to it.
@@ -363,8 +366,8 @@ class Delivery:
         ``messages`` may be a generator: each is sent as soon as it is made. ``bounded=False``
         spills what is not sent past the folder's bound (``Spill.put``).
         """
-        taken: list[tuple] = []
-        pending = []
+        taken: list[tuple[str, bytes | None, bytes]] = []
+        pending: list[tuple[int, FutureRecordMetadata]] = []
         in_flight = 0  # bytes handed to the producer in this call, bounded by buffer_bytes
         probing = tried = False
         producer = None
@@ -393,22 +396,21 @@ class Delivery:
             except Exception as exc:  # no metadata in time: the broker is away
                 log.warning("send to %s failed (%s); spilling", topic, exc)
                 producer = None
-        outcomes: list[str | None] = [None] * len(taken)
+        sent: set[int] = set()
         if pending:
             self._flush(pending)
-            for i, future in pending:
-                if future.is_done and future.succeeded():
-                    outcomes[i] = SENT
-        if taken and all(o == SENT for o in outcomes) and probing:
+            sent = {i for i, future in pending if future.is_done and future.succeeded()}
+        if taken and len(sent) == len(taken) and probing:
             self.breaker.close()
-        if any(o is None for o in outcomes):
+        outcomes = [SENT] * len(taken)
+        if len(sent) < len(taken):
             if tried:
                 self.breaker.open()
-            if any(outcomes[i] is None for i, _ in pending):
+            if any(i not in sent for i, _ in pending):
                 self._reset()
             used = self.spill.size()
             for i, message in enumerate(taken):
-                if outcomes[i] is None:
+                if i not in sent:
                     size = self.spill.put(*message, used=used, bounded=bounded)
                     outcomes[i] = DROPPED if size is None else SPILLED
                     used += size or 0
@@ -416,10 +418,12 @@ class Delivery:
 
     def _flush(self, pending) -> bool:
         """Wait, at most ``send_timeout_s``, for the broker to acknowledge what was sent."""
-        try:
-            self._producer.flush(timeout=self.settings.send_timeout_s)
-        except Exception:
-            pass
+        producer = self._producer  # None if reset since the sends: it was closed, nothing is left to wait for
+        if producer is not None:
+            try:
+                producer.flush(timeout=self.settings.send_timeout_s)
+            except Exception:
+                pass
         return all(f.is_done and f.succeeded() for _, f in pending)
 
     def _known(self, names) -> bool:

@@ -34,6 +34,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .journal import PROPERTY, Publisher
+from .spark_plan import session_gateway
 
 HERE = Path(__file__).parent
 JAR = HERE / "headwater-capture.jar"
@@ -149,14 +150,14 @@ class Journals:
 
     def _new(self, name: str):
         """An instance of the jar's class ``name``, made by its constructor of no arguments."""
-        gateway = self.spark.sparkContext._gateway
+        gateway = session_gateway(self.spark)
         return self._loader.loadClass(name).getConstructor(self._classes([])).newInstance(
             gateway.new_array(gateway.jvm.java.lang.Object, 0))
 
     def hook(self, row_hash: str, rid: str, named: list[Column]):
         """A new ``Hook`` of the jar: the JVM half of one traced query's per-batch hook (``batch_hook.BatchHook``),
         over the output columns ``row_hash`` and ``rid``, the sink's columns ``named``."""
-        gateway = self.spark.sparkContext._gateway
+        gateway = session_gateway(self.spark)
         jvm = gateway.jvm
         column = jvm.java.lang.Class.forName("org.apache.spark.sql.Column")
         string = jvm.java.lang.Class.forName("java.lang.String")
@@ -170,7 +171,8 @@ class Journals:
         return self._loader.loadClass(HOOK).getConstructor(self._classes([string, string, array])).newInstance(args)
 
     def _classes(self, classes: list):
-        array = self.spark.sparkContext._gateway.new_array(self.spark._jvm.java.lang.Class, len(classes))
+        gateway = session_gateway(self.spark)
+        array = gateway.new_array(gateway.jvm.java.lang.Class, len(classes))
         for i, c in enumerate(classes):
             array[i] = c
         return array
@@ -181,7 +183,7 @@ class Journals:
         with those columns."""
         from pyspark.sql.classic.column import Column as ClassicColumn
 
-        gateway = self.spark.sparkContext._gateway
+        gateway = session_gateway(self.spark)
         jvm = gateway.jvm
         struct = F.struct(*[c.alias(name) for c, name in zip(columns, publisher.fields)])
         schema = frame.select(struct).schema.fields[0].dataType.json()

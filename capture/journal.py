@@ -234,6 +234,7 @@ class Drain:
                 os.replace(claimed, path.with_name(path.name + ".bad"))
                 continue
             if not owned:
+                assert publisher.destination  # a file of no destination is always the folder's own
                 self.spill.send_home(claimed, publisher.destination)
                 continue
             self.delivery = self.delivery or Delivery(self.settings)

@@ -108,11 +108,12 @@ def _edges(src: pa.Array, dst: pa.Array, ctx: BatchContext, op: int, exact: bool
                     schema=EDGE_SCHEMA)
 
 
-def _box_outputs(digests: pa.Array, dst: pa.Array, src: SourceEdges, ctx: BatchContext) -> tuple[pa.Table, pa.Table]:
-    """The black box's output rows of the batch (named by ``digests``) between its state node and ``dst``:
-    their nodes and the black box's own node, superset edges from that node to them, exact edges from
-    them to ``dst``."""
-    outs = rids.box_output_rids(digests.to_numpy(zero_copy_only=False), ctx.query, src.box, ctx.batch)
+def _box_outputs(digests: pa.Array, dst: pa.Array, src: SourceEdges, box_id: int,
+                 ctx: BatchContext) -> tuple[pa.Table, pa.Table]:
+    """Black box ``box_id``'s (``src.box``) output rows of the batch (named by ``digests``) between its state node
+    and ``dst``: their nodes and the black box's own node, superset edges from that node to them, exact edges
+    from them to ``dst``."""
+    outs = rids.box_output_rids(digests.to_numpy(zero_copy_only=False), ctx.query, box_id, ctx.batch)
     unique = np.unique(outs)
     box = np.full(len(unique), src.rid, dtype=np.int64)
     k = len(unique)
@@ -122,7 +123,7 @@ def _box_outputs(digests: pa.Array, dst: pa.Array, src: SourceEdges, ctx: BatchC
         _node_table(pa.array(box[:1], pa.int64()), "state", _const(src.dataset, min(k, 1), pa.string()), {}),
     ])
     edges = pa.concat_tables([
-        _edges(pa.array(box, pa.int64()), pa.array(unique, pa.int64()), ctx, src.box, False, src.mask),
+        _edges(pa.array(box, pa.int64()), pa.array(unique, pa.int64()), ctx, box_id, False, src.mask),
         _edges(pa.array(outs, pa.int64()), dst, ctx, ctx.op, ctx.exact, src.mask),
     ])
     return nodes, edges
@@ -146,7 +147,7 @@ def lineage_tables(batch: pa.RecordBatch, ctx: BatchContext) -> tuple[pa.Table, 
         dst = pc.filter(dst, present)
         k = len(rows)
         if src.box is not None:
-            box_nodes, box_edges = _box_outputs(pc.struct_field(rows, "rid"), dst, src, ctx)
+            box_nodes, box_edges = _box_outputs(pc.struct_field(rows, "rid"), dst, src, src.box, ctx)
             node_parts.append(box_nodes)
             edge_parts.append(box_edges)
             continue

@@ -45,6 +45,8 @@ def sink_frame(hook) -> DataFrame:
 def writer(hook, spec: SinkSpec, output_mode: str):
     """Spark's ``DataStreamWriter`` of the user's sink, as the user set it up (trigger, name and
     checkpoint are the caller's)."""
+    if spec.format is None:
+        raise ValueError("log_only.writer needs the spec's format: start() resolves none to spark.sql.sources.default")
     w = sink_frame(hook).writeStream.format(spec.format).options(**spec.options).outputMode(output_mode)
     return w.partitionBy(*spec.partition_by) if spec.partition_by else w
 
@@ -75,6 +77,6 @@ class LoggedBatches:
         metrics.TASK_SECONDS.labels(name).inc(0)
         metrics.record_batch(name, LOG_ONLY, {}, 0.0)
         metrics.OVERHEAD_RATIO.labels(name).set(0.0)
-        hook.traced.tracer.publish_log(
+        hook.traced.shipper.publish_log(
             LOG_BATCH, later=functools.partial(hook.files, batch), query=name, batch=batch, status=LOG_ONLY,
             seconds=seconds, capture_seconds=0.0, **extra, tables=versions)

@@ -42,7 +42,7 @@ from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 from headwater.core import rid as rids
 from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode, column_masks, state_dataset
 
-from .spark_plan import Jvm, analyzed, digested, plan_ir, preorder, python_function
+from .spark_plan import Jvm, analyzed, digested, plan_ir, preorder, python_function, session_jvm
 
 SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
@@ -416,8 +416,8 @@ def lateral_rows_unread(jvm: Jvm, lateral, node: PlanNode) -> None:
     read = [n.getClass().getSimpleName() for n in preorder(subquery) if n.children().isEmpty()]
     tables = [name for name in read if name not in _NO_ROWS]
     if tables:
-        read = ", ".join(sorted(set(tables)))
-        raise UnsupportedPlanError(node, f"its lateral subquery reads rows of a table ({read}), which Spark "
+        names = ", ".join(sorted(set(tables)))
+        raise UnsupportedPlanError(node, f"its lateral subquery reads rows of a table ({names}), which Spark "
                                          f"evaluates inside the LateralSubquery expression, out of reach of rid "
                                          f"columns; join the table to the stream instead")
 
@@ -431,7 +431,7 @@ def desugared(df: DataFrame) -> DataFrame:
     classes = {n.getClass().getSimpleName() for n in preorder(plan)}
     if not classes & {"Distinct", "Except"}:
         return df
-    rules = df.sparkSession._jvm.org.apache.spark.sql.catalyst.optimizer
+    rules = session_jvm(df.sparkSession).org.apache.spark.sql.catalyst.optimizer
     plan = rules.ReplaceDistinctWithAggregate.apply(rules.ReplaceExceptWithAntiJoin.apply(plan))
     return Jvm(df.sparkSession).dataframe(plan)
 
@@ -497,8 +497,9 @@ def thread_rids(df: DataFrame, keys: dict[str, tuple[str, ...]] | None = None,
         if node.kind == "Union":
             return union(jvm, original, node, rewritten)
         if node.kind == "Aggregate" and node.streaming and rewritten[0][1] and not _merges_groups(original):
-            plan, attrs, op = state_nodes(jvm, original, node, *rewritten[0], traced, masks, query, entering,
-                                          drops_late)
+            child_plan, child_attrs = rewritten[0]
+            plan, attrs, op = state_nodes(jvm, original, node, child_plan, child_attrs, traced, masks, query,
+                                          entering, drops_late)
             state_ops.append(op)
             return plan, attrs
         if node.kind == "Aggregate":

@@ -7,11 +7,34 @@ records for ``headwater.core.plan``.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from py4j.java_collections import ListConverter
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from headwater.core.plan import PlanNode, RawNode, build
+from headwater.core.plan import PlanNode, RawAttr, RawNode, build
+
+if TYPE_CHECKING:
+    from py4j.java_gateway import JavaGateway, JavaObject, JVMView
+
+_NO_JVM = "this SparkSession has no JVM: headwater traces a classic session of a running SparkContext"
+
+
+def session_jvm(spark: SparkSession) -> JVMView:
+    """``spark``'s py4j view of its JVM. pyspark types it Optional (it copies SparkContext's class attribute,
+    None until the first SparkContext starts), but every session has one."""
+    jvm = spark._jvm
+    if jvm is None:
+        raise RuntimeError(_NO_JVM)
+    return jvm
+
+
+def session_gateway(spark: SparkSession) -> JavaGateway:
+    """``spark``'s py4j gateway, Optional in pyspark's types as ``session_jvm``'s view is, and as surely set."""
+    gateway = spark.sparkContext._gateway
+    if gateway is None:
+        raise RuntimeError(_NO_JVM)
+    return gateway
 
 
 class Jvm:
@@ -19,8 +42,8 @@ class Jvm:
 
     def __init__(self, spark: SparkSession):
         self.spark = spark
-        self.jvm = spark._jvm
-        self._client = spark.sparkContext._gateway._gateway_client
+        self.jvm = session_jvm(spark)
+        self._client = session_gateway(spark)._gateway_client
 
     def seq(self, items: list):
         java_list = ListConverter().convert(items, self._client)
@@ -57,7 +80,7 @@ class Jvm:
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Aggregate(
             groups, self.seq(aggregate_expressions), child, original.hint())
 
-    def equi_join_keys(self, join) -> tuple[list, list, object] | None:
+    def equi_join_keys(self, join) -> tuple[list, list, JavaObject | None] | None:
         """(left keys, right keys, other condition or None) of an equi-join, else None."""
         found = self.jvm.org.apache.spark.sql.catalyst.planning.ExtractEquiJoinKeys.unapply(join)
         if found.isEmpty():
@@ -92,7 +115,7 @@ def preorder(plan) -> list:
 
 
 def raw_node(node) -> RawNode:
-    output = [
+    output: list[RawAttr] = [
         {"name": a.name(), "expr_id": a.exprId().id(), "dtype": a.dataType().simpleString()}
         for a in Jvm.items(node.output())
     ]
@@ -207,11 +230,11 @@ def optimized_records(df: DataFrame) -> list[dict]:
         optimizer = df.sparkSession._jsparkSession.sessionState().optimizer()
         return plan_records(optimizer.execute(analyzed(df)))
     finally:
-        for key, value in saved.items():
-            if value is None:
+        for key, before in saved.items():
+            if before is None:
                 conf.unset(key)
             else:
-                conf.set(key, value)
+                conf.set(key, before)
 
 
 # Flat Spark types whose hash ``headwater.core.rid`` reproduces: a black box's output row is named by the
@@ -244,7 +267,7 @@ def python_function(spark: SparkSession, node) -> dict | None:
     if expression.getClass().getSimpleName() != "PythonUDF" or node.children().size() != 1:
         return None
     command = expression.func().command()
-    data = bytes(command.toArray(spark._jvm.scala.reflect.ClassTag.Byte()))
+    data = bytes(command.toArray(session_jvm(spark).scala.reflect.ClassTag.Byte()))
     child = [a.exprId().id() for a in Jvm.items(node.child().output())]
     grouping = [child.index(a.exprId().id()) for a in Jvm.items(node.groupingAttributes())] \
         if _has(node, "groupingAttributes") else []

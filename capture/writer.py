@@ -113,7 +113,7 @@ class TracedWriter:
               partitionBy=None, queryName: str | None = None, **options) -> StreamingQuery:
         self._settings(format, outputMode, partitionBy, queryName, options)
         if path is not None:
-            legacy = self._traced.tracer.spark.conf.get("spark.sql.legacy.pathOptionBehavior.enabled", "false")
+            legacy = self._traced.spark.conf.get("spark.sql.legacy.pathOptionBehavior.enabled", "false")
             if option(self._sink.options, "path") is not None and legacy.lower() != "true":
                 raise SinkError("the path is given twice, as start(path) and as option('path'): give it once")
             self.option("path", path)
@@ -139,7 +139,7 @@ class TracedWriter:
 
     def _start(self) -> StreamingQuery:
         traced = self._traced
-        spark = traced.tracer.spark
+        spark = traced.spark
         spec = self._sink
         if spec.format is None:
             spec.format = spark.conf.get("spark.sql.sources.default")
@@ -151,9 +151,8 @@ class TracedWriter:
         if self._output_mode.lower() == "complete":
             traced = traced.in_complete_mode()
         query_name = option(spec.options, "queryName") or traced.name
-        hook = BatchHook(traced, spec)
-        metrics.OVERHEAD_BUDGET.labels(traced.name).set(traced.tracer.config.overhead_budget)
-        hook.sink = open_sink(spark, spec, schema, self._output_mode)
+        metrics.OVERHEAD_BUDGET.labels(traced.name).set(traced.config.overhead_budget)
+        hook = BatchHook(traced, spec, open_sink(spark, spec, schema, self._output_mode))
         if log_only.spark_writes(hook.log_only, spec, hook.sink, self._output_mode, traced.threaded.black_boxes):
             logged = log_only.LoggedBatches(hook, hook.sink.latest_batch())
             writer = log_only.writer(hook, spec, self._output_mode)
@@ -163,16 +162,14 @@ class TracedWriter:
         if self._trigger:
             writer = writer.trigger(**self._trigger)
         writer = writer.queryName(query_name)
-        named_before = traced.tracer.name_query(query_name, traced.name)
-        traced.tracer.log_batches(traced.name, logged)
         if self._checkpoint:
             writer = writer.option("checkpointLocation", self._checkpoint)
         ir = traced.threaded.ir
         reads = column_lineage(ir)
-        key = signing.key_of(traced.tracer.config)
+        key = signing.key_of(traced.config)
         folder = checkpoint.local_folder(self._checkpoint)
         previous, from_batch = checkpoint.record_plan(folder, traced.fingerprint) if folder else (None, 0)
-        traced.tracer.publish_log(
+        traced.shipper.publish_log(
             LOG_PLAN, query=traced.name, sink=spec.describe(), sink_guarantee=hook.sink.guarantee, ir=ir.to_dict(),
             fingerprint=traced.fingerprint, previous_fingerprint=previous, from_batch=from_batch,
             changed=previous is not None and previous != traced.fingerprint,
@@ -182,11 +179,7 @@ class TracedWriter:
             black_boxes=[{**box.to_dict(), **signing.signed(traced.name, box.node_id, box.function, key)}
                          for box in traced.threaded.black_boxes],
         )
-        try:
-            query = traced.tracer.start_query(writer, traced.name)
-        except BaseException:
-            traced.tracer.forget_query(query_name, traced.name, named_before)
-            raise
+        query = traced.tracer.start_query(writer, query_name, traced.name, logged)
         hook.sink.started(query_name)
         return query
 

@@ -63,7 +63,7 @@ class SchemaErrors(RuntimeError):
 def errors(dashboards: dict[str, dict] | None = None, alert_files: dict[str, dict] | None = None) -> list[str]:
     """Every schema error of the named dashboards and alert provisioning files, as
     ``name: what`` (a panel's errors name it by id and title); [] when all conform."""
-    checks = []  # (what it is, the TypeScript type, the value)
+    checks: list[tuple[str, str, object]] = []  # (what it is, the TypeScript type, the value)
     unknown = []
     for name, dashboard in (dashboards or {}).items():
         checks.append((name, "Json<schema.Dashboard>", dashboard))
@@ -105,7 +105,7 @@ def _tsc(checks: list[tuple[str, str, object]]) -> list[str]:
             cwd=work, capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    found = []
+    found: list[str] = []
     for line in done.stdout.splitlines():
         match = re.match(r"check\.ts\((\d+),\d+\): error (TS\d+: .*)", line)
         if match is None:  # a continuation of the previous error's message

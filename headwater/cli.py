@@ -16,10 +16,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from headwater.core import config as configuration
+
+if TYPE_CHECKING:
+    from headwater.query.api import LineageClient
 
 # The query tier's own backends (``headwater.query.api.choices()``), named here so the CLI starts without importing
 # them; another package's are found by their entry points' names (``_Backend``).
@@ -49,7 +53,7 @@ def _emit(record: dict) -> None:
     click.echo(json.dumps(record, default=str))
 
 
-def _fail(message: str, code: int = 2, **details) -> None:
+def _fail(message: str, code: int = 2, **details) -> NoReturn:
     click.echo(json.dumps({"error": message, **details}, default=str), err=True)
     sys.exit(code)
 
@@ -229,7 +233,7 @@ def drain(ctx: click.Context, idle: float) -> None:
         from headwater.adapters.kafka import diagnose
 
         _fail(f"{left} file(s) of lineage wait unsent in {settings.spill_dir}, kept for the next drain: "
-              f"{diagnose(config)}", **result)
+              f"{diagnose(config)}", 2, **result)
     _emit(result)
 
 
@@ -255,8 +259,9 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None, comp
         _fail(str(exc))
     running = SparkSession.getActiveSession()  # a caller's session is used, and left running
     spark = running or spark_session("headwater-compact")
-    options = {k: v for k, v in (("threshold", threshold), ("buckets", buckets), ("components", components))
-               if v is not None}
+    # Those given: compact's defaults stand for the others.
+    options: dict[str, Any] = {k: v for k, v in (("threshold", threshold), ("buckets", buckets),
+                                                 ("components", components)) if v is not None}
     try:
         manifest = compaction.compact(spark, config.store_path(), config.edges_topic,
                                       say=lambda s: click.echo(s, err=True), **options)
@@ -315,7 +320,7 @@ def _query(ctx: click.Context, question: str, rid: int | None, source: str | Non
 
                 checked_source(source)
             chosen = None
-            if dataset is not None:
+            if dataset is not None and where is not None:  # they go together (above)
                 from headwater.query import where as selection
 
                 chosen = selection.check(dataset, where)  # refused here, before any file is read or JVM starts
@@ -357,7 +362,7 @@ class _Answers:
 
     def __init__(self, config, backend: str, service: "_Service | None"):
         self.config, self.backend, self.service = config, backend, service
-        self._client = None
+        self._client: LineageClient | None = None
 
     def __enter__(self) -> "_Answers":
         return self
@@ -366,7 +371,7 @@ class _Answers:
         if self._client is not None:
             self._client.close()
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: Exception) -> NoReturn:
         from headwater.adapters.graph import GraphUnavailable
         from headwater.query.errors import LineageError
 
@@ -461,6 +466,8 @@ class _Service:
 
         parameters = self.parameters(start, backend, options)
         where = urlsplit(self.url)
+        if where.hostname is None:  # a stack state file's URL that names no host: in-process answers
+            return None
         connection = http.client.HTTPConnection(where.hostname, where.port, timeout=self.TIMEOUT_S)  # never a proxy
         try:
             connection.request("GET", f"/v1/lineage/{self.PATHS[question]}?{urlencode(parameters)}",

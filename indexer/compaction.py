@@ -115,6 +115,8 @@ def _graphx_components(edges: DataFrame, src: str, dst: str) -> DataFrame:
     long) of its component, as ``sets.components`` names it."""
     spark = edges.sparkSession
     jvm = spark._jvm
+    if jvm is None:  # pyspark types it Optional (None before a first SparkContext starts); a session has one
+        raise RuntimeError("GraphX components need a classic SparkSession of a running SparkContext")
     encoders = jvm.org.apache.spark.sql.Encoders
     pair = encoders.tuple(encoders.scalaLong(), encoders.scalaLong())
     # GraphX keeps its input's partitions: two per core (4 on this machine's 2) ran faster than fewer (issue 47).
@@ -244,8 +246,8 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
         if previous:
             edge_files += previous.edge_files()
             row_files += previous.row_files()
-        if rebuilt:
-            say(f"shards {rebuilt} were rebuilt since generation {previous.number}: keeping one copy of each edge")
+            if rebuilt:  # shards of ``held``, the previous generation's covers: none without one
+                say(f"shards {rebuilt} were rebuilt since generation {previous.number}: keeping one copy of each edge")
         if aside:
             say(f"set-aside shards {aside} have ranges no generation holds: keeping one copy of each edge")
         if not edge_files:
@@ -284,7 +286,10 @@ def _no_broadcast_joins(spark: SparkSession):
     try:
         yield
     finally:
-        spark.conf.set(key, before)
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out: Path, threshold: int,
@@ -324,8 +329,9 @@ def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out
      .repartitionByRange(max(1, spark.sparkContext.defaultParallelism), "src").sortWithinPartitions("src")
      .write.options(**PARQUET_OPTIONS).parquet(str(out / "exits")))
     counts = sets.groupBy("set").count()
-    found = {"edges": placed.count(), "rows": sets.count(), "sets": counts.count(),
-             "largest_set": counts.agg(F.max("count")).first()[0],
+    largest = counts.agg(F.max("count")).first()
+    assert largest is not None  # an aggregate of no grouping has one row, of no rows too
+    found = {"edges": placed.count(), "rows": sets.count(), "sets": counts.count(), "largest_set": largest[0],
              "dependencies": spark.read.parquet(str(out / "dependencies")).count(), "sets_seconds": sets_seconds}
     read = edges.count()
     if found["edges"] != read:  # every rid of an edge has a set; anything else is a bug, not a generation

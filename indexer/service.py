@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import pyarrow as pa
-from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
 from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, TransientError
@@ -125,7 +125,9 @@ def _dataset_props(source: dict) -> dict:
 
 def runs(messages: list, max_bytes: int) -> list[list]:
     """Consecutive messages in runs of at most ``max_bytes`` of payload (a bigger message alone)."""
-    found, run, size = [], [], 0
+    found: list[list] = []
+    run: list = []
+    size = 0
     for message in messages:
         length = len(message.value or b"")
         if run and size + length > max_bytes:
@@ -170,7 +172,7 @@ class Indexer:
         self.batch_log = BatchLogWriter(self.store_dir, config.log_topic)
         self.plans = PlanStore(self.store_dir, config.log_topic)
         self._graph_thread = ThreadPoolExecutor(1, thread_name_prefix="headwater-graph")
-        self._dlq = None
+        self._dlq: KafkaProducer | None = None
         self._fault_pause_s = float(os.environ.get(FAULT_PAUSE_ENV, "0"))
         self.unverified: set = set()  # partitions assigned whose store folder is not checked against the group yet
         self.joined = False  # the consumer is a member of its group (``_Assignment``), so it fetches

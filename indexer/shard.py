@@ -83,7 +83,7 @@ class Shard:
         self.store = EdgeStore(root, buckets)
         self.index = SetIndex()
         self.resume = 0  # the next offset the store does not hold
-        self._compacted = None  # the store's compacted_stamp the index was built at
+        self._compacted: int | None = None  # the store's compacted_stamp the index was built at
 
     def open(self) -> "Shard":
         """Recover the store after a crash and rebuild the set index from its records."""

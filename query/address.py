@@ -39,7 +39,9 @@ def parse_source(text: str, tables: Tables | None = None) -> int:
         found = tables.split(rest)
         if found is not None:
             dataset, key = found
-            return rids.table_rid(rids.dataset_table(dataset), key)
+            table = rids.dataset_table(dataset)
+            assert table is not None  # Tables keeps static tables' datasets only
+            return rids.table_rid(table, key)
     if kind == "kafka":
         place = kafka_place(text)
         if place is not None:
@@ -49,8 +51,8 @@ def parse_source(text: str, tables: Tables | None = None) -> int:
         if name and key:
             return rids.table_rid(name, key)
     elif kind == "file":
-        path, _, position = rest.rpartition(":")
-        position = _number(position, 0, _LONG)
+        path, _, digits = rest.rpartition(":")
+        position = _number(digits, 0, _LONG)
         if path and position is not None:
             return rids.file_rid(path, position)
     elif kind == "rate":
@@ -58,8 +60,8 @@ def parse_source(text: str, tables: Tables | None = None) -> int:
         if value is not None:
             return rids.rate_rid(value)
     elif kind == "foreachBatch":
-        query, _, batch = rest.rpartition(":")
-        batch = _number(batch, 0, _LONG)
+        query, _, digits = rest.rpartition(":")
+        batch = _number(digits, 0, _LONG)
         if query and batch is not None:
             return rids.state_rid(query, rids.FOREACH_BATCH_OP, batch)
     raise LineageError(f"{text!r}: expected {SOURCE_FORMS}")
@@ -70,9 +72,9 @@ def kafka_place(text: str) -> tuple[str, int, int] | None:
     kind, _, rest = text.partition(":")
     if kind != "kafka":
         return None
-    topic, _, offset = rest.rpartition(":")
-    topic, _, partition = topic.rpartition(":")
-    partition, offset = _number(partition, 0, _INT), _number(offset, 0, _LONG)
+    topic, _, offset_digits = rest.rpartition(":")
+    topic, _, partition_digits = topic.rpartition(":")
+    partition, offset = _number(partition_digits, 0, _INT), _number(offset_digits, 0, _LONG)
     return (topic, partition, offset) if topic and partition is not None and offset is not None else None
 
 

@@ -137,7 +137,7 @@ class LineageClient:
         self._explainer: Explainer | None = None
         self._narrower: Narrower | None = None
         self._broker_answered = float("-inf")  # when the broker last answered (monotonic)
-        self._placements = Placements(config)  # where Kafka sinks' output rows went
+        self._placements = Placements(self.config)  # where Kafka sinks' output rows went
 
     def __enter__(self) -> "LineageClient":
         return self
@@ -194,7 +194,7 @@ class LineageClient:
         """The static tables the store describes, to find one by name (``datasets.Tables``)."""
         held = self._tables
         if held is None or time.monotonic() - held[0] > TABLES_TTL_S:
-            described = {}
+            described: dict[str, dict] = {}
             for name in self.names:
                 try:
                     described = {**self._backend(name).datasets(), **described}
@@ -244,6 +244,8 @@ class LineageClient:
             try:
                 for item in outputs:
                     query = explainer.query_of(item.dataset)
+                    if query is None:  # its plan went since to_kafka was read
+                        continue
                     for batch in item.batches:
                         offsets = (log.batch(query, batch) or {}).get("sink_offsets")
                         places = self._placements.of(query, batch, offsets).get(item.rid) if offsets else None
@@ -284,7 +286,8 @@ class LineageClient:
             return to
         if to.startswith("kafka:") and to[6:] in explainer.topics():
             return to
-        named = sorted(known["queries"]) + sorted(set(known["tables"].values()) - {None}) + \
+        shorts = sorted({short for short in known["tables"].values() if short is not None})
+        named = sorted(known["queries"]) + shorts + \
             [f"kafka:{t}" for t in explainer.topics()] + sorted(known["state"]) + sorted(known["sinks"])
         more = f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED else ""
         raise LineageError(f"no kept plan has a dataset {to!r}: {name} is source, state or output, or one of "
@@ -299,7 +302,8 @@ class LineageClient:
                 if item.dataset in names:
                     item.table, item.dataset = rids.dataset_table(item.dataset), names[item.dataset]
             for row in answer.unexplained:
-                row["dataset"] = names.get(row.get("dataset"), row.get("dataset"))
+                dataset = row.get("dataset")
+                row["dataset"] = names.get(dataset, dataset) if dataset is not None else None
         return answer
 
     def with_payload(self, found: list[Lineage], backend: WalkingBackend | None = None) -> list[Lineage]:
@@ -337,16 +341,17 @@ class LineageClient:
     def _sink_payload(self, item: Lineage) -> None:
         """An output row's row, read from its query's file sink (only the files its batches wrote), or its
         record in its Kafka sink."""
-        sink = self.explainer().sink_of(item.dataset)
+        query = self.explainer().query_of(item.dataset)
+        plan = self.explainer().plan(query) if query is not None else None
+        sink = plan.sink if plan is not None else None
         if item.topic is not None:
             item.payload = kafka_record(self.config, item.topic, item.partition, item.offset)
             return
-        if sink is None or sink.partition(":")[0] not in SINK_FORMATS:
+        if query is None or sink is None or sink.partition(":")[0] not in SINK_FORMATS:
             item.payload = {"error": f"the rows of {item.dataset} cannot be read here: its sink is "
                                      f"{sink or 'not in a kept plan'}, not a file sink "
                                      f"({', '.join(k + ':PATH' for k in SINK_FORMATS)})"}
             return
-        query = self.explainer().query_of(item.dataset)
         with self._inferring:
             log = self._fallbacks()[0].log.refresh()
             logged = {batch: (log.batch(query, batch) or {}).get("sink_files") for batch in item.batches}
@@ -458,15 +463,16 @@ class LineageClient:
     def _inferred(self, rid: int, to: str, payload: bool, deadline: float) -> Answer | None:
         """The answer for a sink row no store holds because its batch published no edges:
         its sources inferred from the log (``fallback.py``); None if no sink holds ``rid``."""
-        located = self._fallbacks()[0].locate(rid, deadline)
+        fallback = self._fallbacks()[0]
+        located = fallback.locate(rid, deadline)
         if located is None:
             return None
         query, batch, values = located
         if to in ("state", "output"):
             raise LineageError(f"rid {rid} is from batch {batch} of {query!r}, which published no edges: its lineage "
                                f"is inferred, to sources only (to=source or a dataset), not to {to!r}")
-        status = (self._fallback.log.refresh().batch(query, batch) or {}).get("status")
-        found, _ = self._fallback.backward(query, batch, rid, values)
+        status = (fallback.log.refresh().batch(query, batch) or {}).get("status")
+        found, _ = fallback.backward(query, batch, rid, values)
         found = [x for x in found if is_target(to, x.kind, x.dataset)]
         if payload:
             found = self.with_payload(found)
@@ -486,14 +492,14 @@ class LineageClient:
                                f"inferred, to their output rows only (to=output or {' or '.join(queries)}), not to "
                                f"{to!r}")
         found = [x for x in forward.derived(rid, read, deadline)
-                 if is_target(to, x.kind, x.dataset) and (cols is None or x.cols & cols)]
+                 if is_target(to, x.kind, x.dataset) and (cols is None or x.cols is None or x.cols & cols)]
         if payload:
             found = self.with_payload(found)
         return Answer(rid, ordered(found), read.gaps, [])
 
     def _fallbacks(self) -> tuple[Fallback, Forward]:
         with self._making:
-            if self._fallback is None:
+            if self._fallback is None or self._forward is None:  # made together
                 self._fallback = Fallback(self.config)
                 self._forward = Forward(self._fallback)
             return self._fallback, self._forward

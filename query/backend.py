@@ -12,7 +12,7 @@ shared, so every backend gives the same answer.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
@@ -22,12 +22,23 @@ from .errors import UnknownRow
 from .question import check_depth, check_rid
 from .walk import MAX_REACH, is_target, walk
 
+if TYPE_CHECKING:
+    from headwater.core.config import Config
+
+    from .narrow.narrower import Narrower
+
 # What the stores record of a row (graph node properties, Parquet rows records): its rid and the store's fields.
 ROW_FIELDS = ("rid", *STORED_ROW_FIELDS)
 
 
+class _Hops:
+    """``Lineage.hops``: declared on a base that is no dataclass, so that it is no field of the record."""
+
+    hops: set[tuple[str, int]] | None = None
+
+
 @dataclass
-class Lineage:
+class Lineage(_Hops):
     """One row found by a lineage query, relative to the row asked about.
 
     A record a walk found also has ``hops``, an attribute but no field of the record: the
@@ -159,8 +170,10 @@ def lineage_of(rid: int, found: dict, records: dict[int, dict], to: str, cols: i
             continue
         if cols is not None and not reach.cols & cols:
             continue
+        # The fields as the store holds them (a row it does not hold has no kind or dataset: no target).
+        stored: dict[str, Any] = {k: record.get(k) for k in ROW_FIELDS[1:]}
         item = Lineage(
-            of=rid, rid=row, **{k: record.get(k) for k in ROW_FIELDS[1:]}, ops=sorted(reach.ops), cols=reach.cols,
+            of=rid, rid=row, **stored, ops=sorted(reach.ops), cols=reach.cols,
             batches=sorted(reach.batches), exact=reach.exact, via="reexecution" if reach.reexecuted else "edges",
             paths=[[list(hop) for hop in p] for p in sorted(reach.paths)] if paths else None,
             paths_cut=reach.paths_cut if paths else None)
@@ -221,7 +234,10 @@ class WalkingBackend:
     """A backend answers by ``walk.walk`` over its store's edges; subclasses say how to reach them."""
 
     store = "store"  # what the errors call it
-    narrower = None  # ``narrow.narrower.Narrower``: black boxes' narrowed batches put in every walk, where set
+    narrower: Narrower | None = None  # black boxes' narrowed batches put in every walk, where set
+
+    def __init__(self, config: Config):
+        """``backends()[name](config)`` makes each backend: from headwater's config."""
 
     def _question(self, backward: bool) -> StoreAccess:
         return StoreAccess(self._step(backward), self._records)

@@ -109,7 +109,8 @@ class CypherBackend(WalkingBackend):
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         now = time.monotonic()
         held = {pair: self._statuses.get(pair) for pair in pairs}
-        found = {pair: kept[1] for pair, kept in held.items() if kept is not None and now - kept[0] <= STATUS_TTL_S}
+        found: dict[tuple[str, int], str | None] = {
+            pair: kept[1] for pair, kept in held.items() if kept is not None and now - kept[0] <= STATUS_TTL_S}
         asked = [pair for pair in held if pair not in found]
         if asked:
             read = batch_statuses(self._driver, asked, self.config.graph_database)

@@ -63,8 +63,13 @@ def _ends_with(table: str, end: str) -> bool:
 
 def shown(datasets: Iterable[str | None]) -> dict[str, str]:
     """The name to show for each static table's dataset among ``datasets`` (others are left out)."""
+    tables: dict[str, str] = {}  # dataset -> its table
+    for dataset in datasets:
+        table = rids.dataset_table(dataset)
+        if dataset is not None and table:
+            tables[dataset] = table
     by_short: dict[str, list[str]] = {}
-    for dataset in sorted({d for d in datasets if rids.dataset_table(d)}):
+    for dataset in sorted(tables):
         by_short.setdefault(short_name(dataset), []).append(dataset)
     names = {}
     for short, sharing in by_short.items():
@@ -72,8 +77,8 @@ def shown(datasets: Iterable[str | None]) -> dict[str, str]:
             if len(sharing) == 1:
                 names[dataset] = short
                 continue
-            table = rids.dataset_table(dataset)
-            rivals = [rids.dataset_table(d) for d in sharing if d != dataset]
+            table = tables[dataset]
+            rivals = [tables[d] for d in sharing if d != dataset]
             # The whole identity, where a rival's path holds this one's whole.
             end = next((e for e in _ends(table) if not any(_ends_with(r, e) for r in rivals)), table)
             names[dataset] = f"{short}@{end}"
@@ -84,7 +89,7 @@ def names_table(name: str, dataset: str | None, alias: str | None = None) -> boo
     """Whether ``name`` names the static table of ``dataset``: as stored, its identity, its short name,
     ``short@end`` (an end of its identity), or ``alias`` (the name a query gave it)."""
     table = rids.dataset_table(dataset)
-    if not table:
+    if dataset is None or not table:
         return False
     short = short_name(dataset)
     if name in (dataset, table, short, alias):

@@ -52,11 +52,15 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from headwater.core import rid as rids
 from headwater.core.offsets import partition_offsets
 from headwater.core.plan import state_dataset
 from headwater.store.plans import PlanStore
+
+if TYPE_CHECKING:
+    from headwater.store.batch_log import BatchLog
 
 # Operator kinds, from the IR's (``plan._KINDS``): what ``operators`` gives as ``kind``.
 KINDS = {
@@ -138,7 +142,9 @@ def _expr_id(node) -> int | None:
 def _window_size(expressions: list[dict]) -> str | None:
     """The size of the time window a window column's expressions compute: ``5 s`` (tumbling), ``10 s every
     5 s`` (sliding), ``session 7 s``; None if they are not Spark's window arithmetic."""
-    sizes, slides, gaps = set(), set(), set()
+    sizes: set[int] = set()
+    slides: set[int] = set()
+    gaps: set[str] = set()
     for tree in expressions:
         for item in _walk(tree):
             cls = _cls(item)
@@ -166,7 +172,7 @@ class _Optimized:
     def __init__(self, records: list[dict] | None):
         self.records = records or []
 
-    def node(self, spark_class: str, output_ids: set[int]) -> dict | None:
+    def node(self, spark_class: str | None, output_ids: set[int]) -> dict | None:
         """The optimized node of that class with those output exprIds."""
         for record in self.records:
             if record.get("spark_class") == spark_class and \
@@ -174,7 +180,7 @@ class _Optimized:
                 return record.get("fields") or {}
         return None
 
-    def defining(self, expr_id: int) -> list[dict]:
+    def defining(self, expr_id: int | None) -> list[dict]:
         """The expressions that compute attribute ``expr_id``: an alias in a projection, or an Expand's column."""
         found = []
         for record in self.records:
@@ -254,7 +260,7 @@ class Plan:
         if node is None:
             return {"id": node_id, "kind": "unknown", "name": f"operator {node_id}", "spark_class": None, "inputs": []}
         name = self.names.get(node_id) or self._name(node_id)  # a naming-only node only when a query's root
-        return {"id": node_id, "kind": KINDS.get(node.get("kind"), "unknown"), "name": name,
+        return {"id": node_id, "kind": KINDS.get(node.get("kind", ""), "unknown"), "name": name,
                 "spark_class": node.get("spark_class"), "inputs": list(self.inputs.get(node_id, []))}
 
     def operators(self) -> list[dict]:
@@ -264,7 +270,7 @@ class Plan:
 
     def _name(self, node_id: int) -> str:
         node = self.nodes[node_id]
-        kind = node.get("kind")
+        kind = node.get("kind", "")
         if kind == "Source":
             return "source " + self.source_name(node_id, long=True)
         if kind == "Join":
@@ -376,7 +382,7 @@ class Plan:
         output = node.get("output", [])
         derived = set((node.get("detail") or {}).get("derives", {}))
         found = self._optimized.node("Aggregate", {a[1] for a in output})
-        keys: list[tuple[str, int, str]] = []
+        keys: list[tuple[str | None, int | None, str]] = []  # name, exprId, type, as the plan has them
         if found is not None:
             grouping = set()
             for listed in found.get("groupingExpressions", []):
@@ -439,11 +445,11 @@ class Plan:
             elif entries is not None and starts & entries:
                 starts &= entries
             on = {op}
-            for start in starts:
-                current = start
-                while current is not None and current not in on:
-                    on.add(current)
-                    current = self.parent.get(current)
+            for start in starts:  # each start's way up to op
+                up: int | None = start
+                while up is not None and up not in on:
+                    on.add(up)
+                    up = self.parent.get(up)
             found = [i for i in self.order if i in on]
         self._segments[key] = found
         return found
@@ -493,6 +499,17 @@ def operators(plan: dict, topics: dict[int, str] | None = None) -> list[dict]:
     return Plan(plan, topics).operators()
 
 
+class Datasets(TypedDict, total=False):
+    """``Explainer.datasets()``: empty when no plan is kept, else each of these."""
+
+    queries: set[str]  # the queries' names, which their output rows carry
+    sinks: dict[str, str]  # a sink written by one query only -> that query
+    state: set[str]  # state nodes' datasets
+    tables: dict[str, str | None]  # a static table's dataset -> its short name, where the plan gives one
+    files: list[str]  # file streams' roots
+    other: set[str]  # rate sources
+
+
 class Explainer:
     """The kept plans of one log topic's queries, named (module docstring).
 
@@ -508,10 +525,10 @@ class Explainer:
         self._plans: dict[str, list[tuple[int, Plan]]] = {}  # by query: (from_batch, plan), in order
         self._files: dict[Path, tuple[int, Plan]] = {}
         self._sinks: dict[str, str] = {}
-        self._log = None
+        self._log: BatchLog | None = None
         # One LineageClient's questions share it (the HTTP server's threads too): one reads or names at a time.
         self._lock = threading.RLock()
-        self._datasets: tuple[tuple, dict] | None = None  # datasets(), and the plans it was made of
+        self._datasets: tuple[tuple | None, Datasets] | None = None  # datasets(), and the plans it was made of
 
     def refresh(self) -> "Explainer":
         """Read the plans written since the last call; when none was, this is a stat per query folder."""
@@ -538,8 +555,9 @@ class Explainer:
         # A sink named by where it writes (``parquet:/out``, ``table:NAME``) and written by one query only.
         written: dict[str, list[str]] = {}
         for query, versions in plans.items():
-            if ":" in (versions[-1][1].sink or ""):
-                written.setdefault(versions[-1][1].sink, []).append(query)
+            sink = versions[-1][1].sink
+            if sink and ":" in sink:
+                written.setdefault(sink, []).append(query)
         self._sinks = {sink: queries[0] for sink, queries in written.items() if len(queries) == 1}
         return self
 
@@ -615,7 +633,7 @@ class Explainer:
         """The query of that name, or whose sink that dataset is; None if no kept plan says."""
         with self._lock:
             self.refresh()
-            if dataset_or_query in self._plans:
+            if dataset_or_query is None or dataset_or_query in self._plans:
                 return dataset_or_query
             return self._sinks.get(dataset_or_query)
 
@@ -626,7 +644,7 @@ class Explainer:
         plan = self.plan(query) if query else None
         return plan.sink if plan is not None else None
 
-    def datasets(self) -> dict:
+    def datasets(self) -> Datasets:
         """The datasets the kept plans' rows may carry, as ``LineageClient.target`` checks a target against them:
         ``queries`` (output rows), ``sinks`` (sink → query), ``state`` (state nodes), ``tables`` (static
         table dataset → short name), ``files`` (file streams' roots), ``other`` (``rate``); empty if no plan is
@@ -637,14 +655,14 @@ class Explainer:
                 return self._datasets[1]
             if not plans:
                 return {}
-            found = {"queries": set(plans), "sinks": dict(self._sinks), "state": set(), "tables": {}, "files": [],
-                     "other": set()}
+            found: Datasets = {"queries": set(plans), "sinks": dict(self._sinks), "state": set(), "tables": {},
+                               "files": [], "other": set()}
             for query, versions in plans.items():
                 for _, plan in versions:
                     if plan.sink == "foreachBatch":  # the user's code: a black box whose state rows are the batch's
                         found["state"].add(f"foreachBatch#{query}")
                     found["state"] |= {s.get("dataset") for s in plan.plan.get("state") or [] if s.get("dataset")}
-                    found["state"] |= {state_dataset(n.get("spark_class"), i) for i, n in plan.nodes.items()
+                    found["state"] |= {state_dataset(n["spark_class"], i) for i, n in plan.nodes.items()
                                        if n.get("kind") in ("BlackBox", "Aggregate")}
                     for described in plan.sources.values():
                         source = described.get("source")

@@ -23,6 +23,7 @@ same plan over the same rows: ``forward_fallback.py``.
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -163,7 +164,7 @@ class Fallback:
                 return None
             log = self.log.refresh()
             has_log = Path(path, "_spark_metadata").is_dir()
-            batch_of = {}
+            batch_of: dict[str, int] = {}  # file (resolved) → the batch that wrote it
             for batch in log.batches(query):
                 listed = (log.batch(query, batch) or {}).get("sink_files") \
                     or (sink_batch_files(path, batch) if has_log else None) or []
@@ -191,7 +192,8 @@ class Fallback:
 
         log = self.log.refresh()
         for query in self.plans.queries():
-            files = self.sink_files(query, self.plans.latest(query))
+            kept = self.plans.latest(query)
+            files = self.sink_files(query, kept) if kept is not None else None
             if files is None:
                 continue
             statuses = log.statuses({(query, batch) for _, batch in files})
@@ -267,8 +269,8 @@ class Fallback:
         source = static_source(relation, kept)
         table, key, hashed = source["table"], tuple(source.get("key") or ()), tuple(source.get("hashed") or ())
         if key and positions is not None:  # a few rows: their keys hashed, not the whole table's
-            return _keyed_rids(table, key, self._files(relation.location)[1].iloc[positions])
-        files = self._files(relation.location)
+            return _keyed_rids(table, key, self._files(_location(relation))[1].iloc[positions])
+        files = self._files(_location(relation))
         cache = (id(files[0]), table, key, hashed)  # the files as read now: kept per version
         if cache not in self._table_rids:
             self._table_rids[cache] = (_keyed_rids(table, key, files[1]) if key
@@ -291,7 +293,7 @@ class Fallback:
         if unknown:
             raise LineageError(f"static table {table!r} has no declared key and its rows' rids hash the columns "
                                f"{unknown}, which the plan's relation does not read (declare keys= in Tracer.trace)")
-        files = self._files(relation.location)[0]
+        files = self._files(_location(relation))[0]
         missing = [name for name in hashed if name not in files.column_names]
         if missing:
             raise LineageError(f"static table {table!r} has no declared key and its files lack the columns "
@@ -320,11 +322,18 @@ class Fallback:
 
 def static_source(relation: Relation, kept: dict) -> dict:
     """What capture logged, beside the plan ``kept``, of the static table a relation reads."""
+    paths = _location(relation).get("paths")
     for source in kept.get("sources", []):
-        if source.get("source") == "static" and (source.get("location") or {}).get("paths") == \
-                relation.location.get("paths"):
+        if source.get("source") == "static" and (source.get("location") or {}).get("paths") == paths:
             return source
-    raise LineageError(f"the plan reads {relation.location['paths']}, which capture did not log as a static table")
+    raise LineageError(f"the plan reads {paths}, which capture did not log as a static table")
+
+
+def _location(relation: Relation) -> dict:
+    """Where the static table a relation reads lives."""
+    if relation.location is None:
+        raise LineageError(f"the plan's {relation.spark_class} (op {relation.id}) reads no table's files")
+    return relation.location
 
 
 def _kafka(config: Config, sources: list[dict]) -> pd.DataFrame:
@@ -345,13 +354,15 @@ def _record(kind: str, dataset: str | None, key: tuple, row: pd.Series, of: int,
     """The answer record of a source row; ``table_rid``: a static table row's rid
     (``Fallback.table_rids``). A row of a table without a declared key has no key, as
     capture's records have none."""
-    common = {"of": of, "kind": "source", "exact": exact, "via": "inference", "cols": -1}
+    found = functools.partial(Lineage, of=of, kind="source", exact=exact, via="inference", cols=-1)
     if kind == "kafka":
         topic, partition, offset = row["topic"], int(row["partition"]), int(row["offset"])
-        return Lineage(rid=rids.kafka_rid(topic, partition, offset), dataset=f"kafka:{topic}", topic=topic,
-                       partition=partition, offset=offset, **common)
+        return found(rid=rids.kafka_rid(topic, partition, offset), dataset=f"kafka:{topic}", topic=topic,
+                     partition=partition, offset=offset)
+    if table_rid is None:
+        raise ValueError("a static table row's record needs its rid (Fallback.table_rids)")
     text = rids.KEY_SEPARATOR.join(key_text(row[k]) for k in key) if key else None
-    return Lineage(rid=table_rid, dataset=dataset, key=text, **common)
+    return found(rid=table_rid, dataset=dataset, key=text)
 
 
 def _keyed_rids(table: str, key: tuple, frame: pd.DataFrame) -> np.ndarray:

@@ -90,7 +90,8 @@ class Forward:
                     kafka.batches.append((query, batch, status))
         if kafka is not None:
             return kafka
-        table, unnamed = None, {}
+        table: Read | None = None
+        unnamed: dict[str, LineageError] = {}  # dataset → why its rows cannot be named
         naming: dict[tuple[str, str], list[str]] = {}  # by query and plan: the tables of it that hold the row
         for query, batch, status, _ in uncaptured:
             _check(deadline, rid)
@@ -156,7 +157,7 @@ class Forward:
         # Replayed over static tables changed since the batch read them: never claimed exact.
         current = not self.fallback.changed_tables(plan, self.fallback.entry(query, batch))
         relations = {op.id: op for op in plan.operators() if isinstance(op, Relation)}
-        targets = set()
+        targets: set[tuple[int, int]] = set()  # (relation id, position) of the asked row
         for relation_id, (frame, (kind, dataset, _)) in replay.read.items():
             if kind == "kafka" and read.kind == "kafka":
                 topic, partition, offset = read.at
@@ -196,7 +197,8 @@ class Forward:
         sink_rows = [] if sink is None else [
             (_key(values[:-1]), values[-1]) for values in zip(*(sink[n].to_pylist() for n in [*names, "_hw_rid"]))]
         table, read = self.fallback.tables(self.fallback.entry(query, batch), kept)
-        keys, lineage = None, []
+        keys: list[tuple] | None = None
+        lineage: list[frozenset] = []
         try:
             output = Running(plan, table, lineage=True).output()
             keys = [_key(values) for values in zip(*(output[a.expr_id].tolist() for a in plan.root.output))] \
@@ -212,7 +214,7 @@ class Forward:
         return replay
 
 
-def _check(deadline: float | None, rid: int) -> None:
+def _check(deadline: float | None, rid: int | None) -> None:
     if deadline is not None and time.monotonic() > deadline:
         raise LineageError(f"rid {rid}: its forward lineage was not inferred in time from the log of the batches "
                            f"not fully captured (LineageClient(timeout_s=…) allows more)")

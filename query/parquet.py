@@ -121,7 +121,7 @@ class CSProvBackend(_ParquetBackend):
         def records(rids) -> dict[int, dict]:
             return self.view.records(rids, held)
 
-        def load(frontier: list[int]) -> None:
+        def load(frontier: list[int], gen: Generation) -> None:
             records(frontier)
             going = [r for r in frontier if r in held and held[r][onward]]
             # An edge lies in its dst's set: backward, a row's edges are in its own set;
@@ -134,7 +134,7 @@ class CSProvBackend(_ParquetBackend):
 
         def step(frontier: list[int]) -> pa.Table:
             if gen is not None:
-                load(frontier)
+                load(frontier, gen)
             return pa.concat_tables([_adjacent(t, near, frontier) for t in loaded + [recent]])
         return StoreAccess(step, records)
 

@@ -40,9 +40,12 @@ def _decode(raw: bytes | None):
 CLOCK_SKEW_S = 10.0
 
 
-def kafka_record(kafka: Kafka, topic: str, partition: int, offset: int, read_at: str | None = None) -> dict:
+def kafka_record(kafka: Kafka, topic: str, partition: int | None, offset: int | None,
+                 read_at: str | None = None) -> dict:
     """The record at that offset; ``read_at``: when the last batch that read it ran (ISO 8601), for telling a
     recreated topic's record at the same offset (written after that) from the record the batch read."""
+    if partition is None or offset is None:
+        return {"error": f"the store holds no partition and offset of this row of {topic}: its record cannot be read"}
     try:
         record = record_at(kafka, topic, partition, offset)
     except KafkaSourceError as exc:
@@ -69,7 +72,8 @@ def table_location(described: dict) -> dict | None:
 def static_row(described: dict | None, key: str | None, rid: int) -> dict:
     """The row ``rid`` of a file-backed static table, described as the indexer keeps it: by its
     declared key (``key``, as text), or, for a table without one, by the rid of each row's content."""
-    location = table_location(described or {})
+    described = described or {}
+    location = table_location(described)
     if location is None:
         return {"error": "where this table's rows live was not logged (rows made in memory, or a table no "
                          "files back): they cannot be fetched"}
@@ -223,7 +227,8 @@ def attach_payload(item: Lineage, kafka: Kafka, dataset: dict | None, versions: 
         elif item.path is not None:
             item.payload = file_row(item.path, item.position, item.rid, stream)
         elif item.kind == "source" and item.dataset == "rate":
-            item.payload = {"value": int(item.key)}
+            item.payload = {"value": int(item.key)} if item.key is not None else \
+                {"error": "the store holds no value of this rate row"}
         elif item.kind == "source":
             location = table_location(dataset or {})
             if location is not None and versions:

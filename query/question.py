@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 from .errors import LineageError
 
@@ -40,7 +40,7 @@ def shown(text: str) -> str:
     return repr(cut(text))
 
 
-def _integer(value) -> bool:
+def _integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -59,7 +59,7 @@ def check_row(row: int | str) -> int | str:
     return check_rid(row)
 
 
-def check_depth(depth: int) -> int:
+def check_depth(depth: object) -> int:
     if not _integer(depth) or not 1 <= depth <= MAX_DEPTH:
         raise LineageError(f"depth must be an integer from 1 to {MAX_DEPTH}, not {depth!r}")
     return depth

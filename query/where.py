@@ -40,6 +40,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from .predicate import (
     MAX_SELECTED,
@@ -291,7 +292,8 @@ def _bits(flags: list[bool]) -> bytes:
 class _V:
     """A value: an Arrow array (a column's), or a literal (a Python value; ``decimal`` a ``Decimal``)."""
 
-    value: object
+    # Any: which Python type a literal is depends on ``type``, and pyarrow's arrays carry no types of their own
+    value: Any
     type: str  # a Spark type name: _NUMERIC, string, boolean, decimal (literals only), void (NULL), or another
     literal: bool = False
 
@@ -598,9 +600,9 @@ class _Evaluator:
             if to == "double":  # 1.5D: the double nearest the digits, as Java parses them
                 return _V(float(inner.value), "double", True)
             if inner.value == inner.value.to_integral_value():  # 5L, 4S, 5Y
-                value = int(inner.value)
-                if -_BOUNDS[to] <= value < _BOUNDS[to]:
-                    return _V(value, to, True)
+                integral = int(inner.value)
+                if -_BOUNDS[to] <= integral < _BOUNDS[to]:
+                    return _V(integral, to, True)
             raise _Unsupported(f"{node.sql('spark')}: a literal out of its type's range")
         if inner.type in _NUMERIC and to in _NUMERIC and _NUMERIC.index(to) >= _NUMERIC.index(inner.type):
             return self._result(self._arrow_value(inner, to), to, inner)  # widening: exact, or rounded as Java does

@@ -232,7 +232,7 @@ class EdgeStore:
         """Committed bucket files; of the buckets of ``sets`` only, when given."""
         done = set(self.committed())
         buckets = None if sets is None else set(bucket_of(np.asarray(list(sets)), self.buckets).tolist())
-        found = []
+        found: list[Path] = []
         for folder in sorted(self.edges.glob("bucket=*")):
             if buckets is not None and int(folder.name.split("=", 1)[1]) not in buckets:
                 continue

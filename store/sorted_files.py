@@ -10,6 +10,7 @@ whole files (a dataset filter would read every footer again on every call).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 class SortedFiles:
     """Parquet files whose row groups each hold a range of ``key`` (recorded in the footer's statistics)."""
 
-    def __init__(self, files: list[str | Path], key: str, schema: pa.Schema | None = None):
+    def __init__(self, files: Sequence[str | Path], key: str, schema: pa.Schema | None = None):
         self.key = key
         self.schema = schema
         self._files: list[pq.ParquetFile] = []
@@ -66,6 +67,7 @@ class SortedFiles:
             parts.append(table.filter(pc.is_in(table[self.key], values)))
         table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         schema = self._schema(columns)
+        assert schema is not None  # a file was read, so there is its schema at least
         return table.select(schema.names).cast(schema)
 
     def _schema(self, columns: list[str] | None) -> pa.Schema | None:

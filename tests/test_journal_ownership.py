@@ -3,7 +3,7 @@ is sent there and nowhere else, whoever else drains the host's journal folder (`
 
 Each test lets another drain (a second tracer of the process, a tracer left open, another Spark
 application, a ``headwater drain``) wake over the folder while a job's lineage waits on disk (the job's
-own tracer holds it as a running batch's, ``tracer.InFlight``), then checks every topic edge by edge:
+own tracer holds it as a running batch's, ``shipping.InFlight``), then checks every topic edge by edge:
 each job's edges on its own topic, exactly, and none on another's.
 """
 
@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from headwater.capture import attach, jar
-from headwater.capture import tracer as tracer_module
+from headwater.capture import attach, jar, shipping
 from headwater.capture.journal import PROPERTY, Setting
 from headwater.capture.listener import progress_record
 from headwater.core.schema import LOG_PROGRESS
@@ -36,7 +35,7 @@ WAKES_S = 2.5  # two wakes of every tracer's thread
 def batches_hold_the_journal(monkeypatch):
     """A batch's journal waits for its progress record up to 60 s, not 5: a busy machine's Spark job may
     take longer, and the test must choose when the job's own drain may send."""
-    monkeypatch.setattr(tracer_module, "DRAIN_DEFER_S", 60.0)
+    monkeypatch.setattr(shipping, "DRAIN_DEFER_S", 60.0)
 
 
 def expected(batch: int) -> set[tuple[int, int]]:
@@ -46,7 +45,7 @@ def expected(batch: int) -> set[tuple[int, int]]:
 
 def journal(spark, tracer, query: str, batch: int) -> None:
     """Journal one batch of ``query`` through ``tracer``'s filter, as a running batch's (held)."""
-    tracer.batch_started(query, batch)
+    tracer.shipper.batch_started(query, batch)
     frame = source_frame(spark).select((F.col("_hw_rid") + batch).alias("_hw_rid"),
                                        F.col("src").withField("rid", F.col("src.rid") + batch).alias("src"))
     column = tracer.journals.column(outputs(query), jar.Counts.make(spark, query), frame,
@@ -61,7 +60,7 @@ def journal(spark, tracer, query: str, batch: int) -> None:
 def batch_over(tracer, query: str, batch: int) -> None:
     """The progress record of ``query``'s ``batch``: its tracer's thread may send the batch's journal."""
     progress = {"batchId": batch, "runId": "r", "numInputRows": N, "durationMs": {}, "sources": [], "timestamp": None}
-    tracer.publish_log(LOG_PROGRESS, **progress_record(progress, query))
+    tracer.shipper.publish_log(LOG_PROGRESS, **progress_record(progress, query))
 
 
 def journaled(root: Path) -> list[Path]:
@@ -129,11 +128,11 @@ OTHER_APPLICATION = textwrap.dedent("""
     import json, sys
     from pyspark.sql import SparkSession
     from headwater.capture import attach
-    from headwater.capture import tracer as tracer_module
+    from headwater.capture import shipping
     from headwater.core.config import Config
     from tests.test_journal_ownership import batch_over, journal
 
-    tracer_module.DRAIN_DEFER_S = 60.0
+    shipping.DRAIN_DEFER_S = 60.0
     config = Config(**json.loads(sys.argv[1]))
     spark = (SparkSession.builder.master("local[1]").appName("headwater-other-application")
              .config("spark.ui.enabled", "false").getOrCreate())

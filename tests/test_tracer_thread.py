@@ -1,4 +1,4 @@
-"""The tracer's thread sends a batch's journal between batches: ``tracer.collect`` waits for the batch's
+"""The tracer's thread sends a batch's journal between batches: ``shipping.collect`` waits for the batch's
 progress record (Spark has finished the batch) before handing its records on, but never longer than it
 was told; and a wake of the thread while a traced batch runs leaves the journal alone (``InFlight``)
 until the batch's progress record is heard, or the batch has run longer than the thread waits."""
@@ -12,11 +12,10 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from headwater.capture import attach, jar
-from headwater.capture import tracer as tracer_module
+from headwater.capture import attach, jar, shipping
 from headwater.capture.journal import PROPERTY, Setting
 from headwater.capture.listener import progress_record
-from headwater.capture.tracer import InFlight, collect
+from headwater.capture.shipping import InFlight, collect
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 
 from .conftest import edges_published, own_topics
@@ -82,9 +81,9 @@ def test_a_batch_holds_the_journal_from_its_hook_until_its_progress_record():
     assert not batches.running(5.0)
     batches.started("q", 4, now=100.0)
     assert batches.running(5.0, now=101.0)
-    batches.heard([record(LOG_BATCH, batch=4), record(LOG_PROGRESS, "other", 4), record(LOG_PROGRESS, batch=3)])
+    batches.progress_seen([record(LOG_BATCH, batch=4), record(LOG_PROGRESS, "other", 4), record(LOG_PROGRESS, batch=3)])
     assert batches.running(5.0, now=101.0)  # another query's progress, and this query's earlier batch's
-    batches.heard([record(LOG_PROGRESS, batch=4)])
+    batches.progress_seen([record(LOG_PROGRESS, batch=4)])
     assert not batches.running(5.0, now=101.0)
 
 
@@ -102,7 +101,7 @@ def test_a_query_whose_progress_never_comes_holds_the_journal_once_not_every_bat
     for batch, now in enumerate((100.0, 101.0, 102.0, 103.0, 104.0, 105.0)):
         batches.started("q", batch, now=now)
     assert not batches.running(5.0, now=105.5)  # held since batch 0's hook, 5.5 s ago
-    batches.heard([record(LOG_PROGRESS, batch=5)])
+    batches.progress_seen([record(LOG_PROGRESS, batch=5)])
     batches.started("q", 6, now=106.0)
     assert batches.running(5.0, now=106.5)
 
@@ -112,9 +111,9 @@ def test_a_progress_record_heard_late_does_not_end_the_next_batch():
     batches.started("q", 6, now=96.0)
     batches.started("q", 7, now=100.0)  # before batch 6's progress is heard: back to back
     assert not batches.running(5.0, now=101.5)  # held since batch 6's hook
-    batches.heard([record(LOG_PROGRESS, batch=6)])
+    batches.progress_seen([record(LOG_PROGRESS, batch=6)])
     assert batches.running(5.0, now=101.5)  # batch 7 holds it from its own hook
-    batches.heard([record(LOG_PROGRESS, batch=9)])  # a later batch's: every earlier one is over too
+    batches.progress_seen([record(LOG_PROGRESS, batch=9)])  # a later batch's: every earlier one is over too
     assert not batches.running(5.0, now=100.5)
 
 
@@ -123,14 +122,14 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
     """A real tracer: what a batch's tasks journal while it runs stays on disk through the thread's wakes,
     and reaches the edges topic, every edge of it, once the batch's progress record is heard. (The batch
     may hold the journal 60 s here, not 5: a busy machine's first Spark job may take longer than 5 s.)"""
-    monkeypatch.setattr(tracer_module, "DRAIN_DEFER_S", 60.0)
+    monkeypatch.setattr(shipping, "DRAIN_DEFER_S", 60.0)
     config, tag = own_topics(stack_config, "inflight")
     config = config.with_overrides(spill_dir=str(tmp_path))
     tracer = attach(spark, config)
     folder = Path(tracer.delivery_settings.spill_dir)  # its destination's, under the spill root
     query = f"q{tag}"
     try:
-        tracer.batch_started(query, 2)
+        tracer.shipper.batch_started(query, 2)
         frame = source_frame(spark)
         column = tracer.journals.column(outputs(query), jar.Counts.make(spark, query), frame,
                                         [F.col("_hw_rid"), F.col("src")])
@@ -144,7 +143,7 @@ def test_the_tracers_thread_sends_a_running_batchs_journal_once_its_progress_is_
         time.sleep(2.5)  # two wakes of the tracer's thread
         assert sorted(folder.glob("*.rows")) == journaled
         progress = {"batchId": 2, "runId": "r", "numInputRows": N, "durationMs": {}, "sources": [], "timestamp": None}
-        tracer.publish_log(LOG_PROGRESS, **progress_record(progress, query))
+        tracer.shipper.publish_log(LOG_PROGRESS, **progress_record(progress, query))
         deadline = time.monotonic() + 10
         while list(folder.glob("*.rows")) and time.monotonic() < deadline:
             time.sleep(0.1)

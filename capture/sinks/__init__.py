@@ -47,6 +47,8 @@ def open_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_mo
 
     if spec.table:
         return tables.table_sink(spark, spec, schema, output_mode)
+    if spec.format is None:
+        raise ValueError("open_sink needs the spec's format: start() resolves none to spark.sql.sources.default")
     registered = registered_sinks().get(spec.format)
     if registered is not None:
         return registered.open(spark, spec, schema, output_mode.lower())

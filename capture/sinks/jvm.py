@@ -2,33 +2,38 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from py4j.java_gateway import JavaObject
 
 OUTPUT_MODES = ("append", "update", "complete")
 
 
-def scala_map(jvm, mapping: dict) -> object:
+def scala_map(jvm, mapping: dict) -> JavaObject:
     return jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map(jvm, mapping))
 
 
-def java_map(jvm, mapping: dict) -> object:
+def java_map(jvm, mapping: dict) -> JavaObject:
     result = jvm.java.util.HashMap()
     for key, value in mapping.items():
         result.put(key, value)
     return result
 
 
-def case_insensitive(jvm, options: dict) -> object:
+def case_insensitive(jvm, options: dict) -> JavaObject:
     return jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap(java_map(jvm, options))
 
 
-def output_mode(jvm, mode: str) -> object:
+def output_mode(jvm, mode: str) -> JavaObject:
     modes = jvm.org.apache.spark.sql.streaming.OutputMode
     return {"append": modes.Append, "update": modes.Update, "complete": modes.Complete}[mode.lower()]()
 
 
-def java_schema(spark: SparkSession, schema: StructType) -> object:
+def java_schema(spark: SparkSession, schema: StructType) -> JavaObject:
     return spark._jsparkSession.parseDataType(schema.json())
 
 

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 
 from ..rewrite import RID_COLUMN
+from ..spark_plan import session_jvm
 from .base import SinkError, option
 from .jvm import message
 from .streaming_write import StreamingWriteSink
@@ -118,7 +119,7 @@ class KafkaSink(StreamingWriteSink):
         return sorted(r[0] for r in df.select("topic").distinct().collect() if r[0] is not None)
 
     def _admin(self):
-        jvm = self._spark._jvm
+        jvm = session_jvm(self._spark)
         properties = jvm.java.util.Properties()
         for key, value in self._client.items():
             properties.setProperty(key, value)
@@ -132,7 +133,7 @@ class KafkaSink(StreamingWriteSink):
     def _end_offsets(self, admin, topic: str, missing_ok: bool = False) -> dict[int, int]:
         """Each partition of ``topic`` and its end offset (the next offset written), as Kafka's admin gives it;
         none for a topic not there yet (``missing_ok``: the batch's write may make it, as the broker allows)."""
-        jvm = self._spark._jvm
+        jvm = session_jvm(self._spark)
         kafka = jvm.org.apache.kafka
         names = jvm.java.util.ArrayList()
         names.add(topic)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from ..spark_plan import session_jvm
 from .base import MEMORY, Sink, SinkError, option, register_sink
 from .jvm import java_schema
 
@@ -27,12 +28,12 @@ class MemorySink(Sink):
             raise SinkError("the memory sink needs a query name: .queryName('…')")
         self._spark = spark
         self._schema = schema
-        self._jsink = spark._jvm.org.apache.spark.sql.execution.streaming.sources.MemorySink()
+        self._jsink = session_jvm(spark).org.apache.spark.sql.execution.streaming.sources.MemorySink()
         self.complete = complete
 
     def started(self, query_name: str) -> None:
         """The view, made as Spark makes it: once the query has started."""
-        jvm = self._spark._jvm
+        jvm = session_jvm(self._spark)
         attributes = jvm.org.apache.spark.sql.catalyst.types.DataTypeUtils.toAttributes(
             java_schema(self._spark, self._schema))
         plan = jvm.org.apache.spark.sql.execution.streaming.sources.MemoryPlan(self._jsink, attributes)

@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from headwater.core.sink_log import batch_files
 
-from ..spark_plan import Jvm
+from ..spark_plan import Jvm, session_jvm
 from . import kafka_sink
 from .base import EXACTLY_ONCE, Sink, SinkError, option
 from .jvm import case_insensitive, is_instance, java_schema, message, scala_map
@@ -52,7 +52,7 @@ class FileSink(SparkSink):
 
     def __init__(self, spark: SparkSession, jsink, path: str):
         super().__init__(jsink, EXACTLY_ONCE)
-        jvm = self._jvm = spark._jvm
+        jvm = self._jvm = session_jvm(spark)
         root = jvm.org.apache.hadoop.fs.Path(path)
         self._fs = root.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
         sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
@@ -92,7 +92,7 @@ class FileSink(SparkSink):
 def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: list[str] | None,
                cluster_by: list[str] | None, output_mode: str, schema: StructType) -> Sink:
     """The sink ``DataStreamWriter`` would start for the format ``source``, with these options."""
-    jvm = spark._jvm
+    jvm = session_jvm(spark)
     jspark = spark._jsparkSession
     conf = jspark.sessionState().conf()
     datasources = jvm.org.apache.spark.sql.execution.datasources
@@ -131,7 +131,10 @@ def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: li
     except Exception as exc:
         raise SinkError(f"the traced query cannot write to {source!r}: {message(exc)}") from exc
     if jsink.getClass().getName() == FILE_SINK:
-        return FileSink(spark, jsink, option(options, "path"))
+        path = option(options, "path")
+        if path is None:  # Spark's createSink refuses a file sink of no path before this
+            raise SinkError(f"a {source!r} sink needs a path: .option('path', …) or .start(path)")
+        return FileSink(spark, jsink, path)
     return SparkSink(jsink)
 
 
@@ -145,7 +148,7 @@ def _streaming_table(spark: SparkSession, cls, source: str, options: dict, schem
     """The table a V2 provider gives for the options, if ``DataStreamWriter`` would write it with
     its streaming writer (as it decides: a ``TableProvider``, not file source V2, not disabled,
     whose table supports ``STREAMING_WRITE``); else None."""
-    jvm = spark._jvm
+    jvm = session_jvm(spark)
     conf = spark._jsparkSession.sessionState().conf()
     provider_class = jvm.java.lang.Class.forName("org.apache.spark.sql.connector.catalog.TableProvider")
     file_v2 = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.datasources.v2.FileDataSourceV2")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 
 from ..jvm_listener import QUERY_ID_PROPERTY
+from ..spark_plan import session_jvm
 from .base import Sink, SinkError
 from .jvm import output_mode as java_output_mode
 from .jvm import scala_map
@@ -21,11 +22,12 @@ class StreamingWriteSink(Sink):
     def __init__(self, spark: SparkSession, relation, options: dict, output_mode: str):
         self._spark = spark
         self._relation = relation
-        self._options = scala_map(spark._jvm, options)
-        self._mode = java_output_mode(spark._jvm, output_mode)
+        jvm = session_jvm(spark)
+        self._options = scala_map(jvm, options)
+        self._mode = java_output_mode(jvm, output_mode)
 
     def write(self, df: DataFrame, batch_id: int) -> None:
-        jvm = self._spark._jvm
+        jvm = session_jvm(self._spark)
         query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:  # a connector may key its commits on it: never write without it
             raise SinkError(f"batch {batch_id}: no streaming query id on the thread writing it ({QUERY_ID_PROPERTY})")

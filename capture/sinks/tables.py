@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from ..spark_plan import Jvm
+from ..spark_plan import Jvm, session_jvm
 from .base import Sink, SinkError, SinkSpec, option
 from .jvm import case_insensitive, is_instance, java_schema, message
 from .spark_sinks import spark_sink, supports_streaming_write
@@ -23,9 +23,11 @@ V1_TABLES = ("org.apache.spark.sql.connector.catalog.V1Table",
 
 
 def table_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_mode: str) -> Sink:
-    jvm = spark._jvm
+    jvm = session_jvm(spark)
     state = spark._jsparkSession.sessionState()
     name = spec.table
+    if name is None:
+        raise ValueError("table_sink writes the table a toTable spec names: the spec has none")
     try:
         parts = state.sqlParser().parseMultipartIdentifier(name)
     except Exception as exc:

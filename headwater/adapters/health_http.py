@@ -72,7 +72,7 @@ class HealthServer:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("_Server", (ThreadingMixIn, WSGIServer),
                             {"daemon_threads": True, "address_family": family})
-        self._server = make_server(host, port, app(unready, registry), server_class, handler_class=_Quiet)
+        self._server: WSGIServer = make_server(host, port, app(unready, registry), server_class, handler_class=_Quiet)
         self._thread = threading.Thread(target=self._server.serve_forever, name="headwater-health", daemon=True)
         self._thread.start()
 

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from neo4j import Query
+from neo4j import Driver, Query
 
 from headwater.core.config import Config
 
@@ -43,7 +43,7 @@ class GraphProbe:
     def __init__(self, config: Config, timeout_s: float = TIMEOUT_S):
         self.config = config
         self.timeout_s = timeout_s
-        self._driver = None
+        self._driver: Driver | None = None
         self._making = threading.Lock()  # probes come from the HTTP server's threads
 
     def problem(self) -> str | None:

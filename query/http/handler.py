@@ -62,11 +62,12 @@ class Handler(BaseHTTPRequestHandler):
         return self.server_version  # not Python's version
 
     def setup(self) -> None:
-        self.timeout = self.server.socket_timeout_s
+        # The server's own timeout: StreamRequestHandler's ``timeout`` is one for the class.
+        self.request.settimeout(self.server.socket_timeout_s)
         super().setup()
 
     def handle_one_request(self) -> None:
-        self._status = None
+        self._status: int | None = None  # the status replied, once one is
         started = time.monotonic()
         query_metrics.IN_FLIGHT.inc()
         try:
@@ -172,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
                                {"Retry-After": str(RETRY_AFTER_S)})
         try:
             status = HTTPStatus.OK
-            body = server.ask(route, backend or server.backend, row, options) if route.row else \
+            body = server.ask(route, backend or server.backend, row, options) if row is not None else \
                 getattr(server.explorer, route.method)(**options)
         except LineageError as exc:
             status = HTTPStatus.NOT_FOUND if isinstance(exc, (UnknownRow, NotFound)) else HTTPStatus.BAD_REQUEST

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import fields
+from typing import Any
 
 import headwater
 
@@ -50,7 +51,7 @@ def record_fields() -> list[str]:
 
 def _schema_of_lineage() -> dict:
     """``Lineage``'s fields as an OpenAPI schema; a field of a type not mapped here fails loudly, not silently."""
-    types = {f.name: f.type for f in fields(Lineage)}
+    types = {f.name: str(f.type) for f in fields(Lineage)}  # as written: backend.py's annotations are postponed
     properties = {name: _NAMED_FIELD_SCHEMAS.get(name) or _FIELD_SCHEMAS[types[name]] for name in record_fields()}
     return {"type": "object", "properties": properties,
             "required": [n for n in properties if n not in OPTIONAL_FIELDS]}
@@ -82,7 +83,7 @@ _BATCH_SUMMARY = {"type": "object", "required": ["batch", "status", "gap"], "pro
     "error": {"type": "string", "nullable": True}}}
 _BUDGET = {"type": "number", "description": "The overhead budget in this server's config (capture's may differ); "
            "0: no limit."}
-_EXPLORER_SCHEMAS = {
+_EXPLORER_SCHEMAS: dict[str, dict] = {
     "Queries": {"type": "object", "required": ["queries", "budget"], "properties": {
         "queries": {"type": "array", "items": {"type": "object", "properties": {
             **_QUERY_FIELDS, "batches": {"type": "integer"}, "first": {**_INT64, "nullable": True},
@@ -139,7 +140,7 @@ def openapi(default_backend: str, secured: bool) -> dict:
     if secured:
         errors["401"] = response("No or a wrong bearer token.", "Error")
     backend = {**BACKEND.schema, "enum": api.choices(), "default": default_backend}
-    paths = {}
+    paths: dict[str, dict] = {}
     for route in ROUTES:
         if route.row:
             defaults = inspect.signature(getattr(api.LineageClient, route.method)).parameters
@@ -163,7 +164,8 @@ def openapi(default_backend: str, secured: bool) -> dict:
     paths["/openapi.json"] = {"get": {"operationId": "openapi", "summary": "This document.",
                                       "responses": {"200": {"description": "This document.",
                                                             "content": {"application/json": {}}}}}}
-    status = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
+    status: dict[str, Any] = {"type": "object", "required": ["status"],
+                              "properties": {"status": {"type": "string"}}}
     paths["/healthz"] = {"get": {"operationId": "healthz", "summary": "The server is up: liveness (no token needed).",
                                  "security": [],
                                  "responses": {"200": {"description": "Up.", "content": {"application/json": {
@@ -185,7 +187,7 @@ def openapi(default_backend: str, secured: bool) -> dict:
                    "headwater_query_errors_total{route}, headwater_query_in_flight, process_*.",
         "responses": {"200": {"description": "The metrics.", "content": {"text/plain": {
             "schema": {"type": "string"}}}}}}}
-    document = {
+    document: dict[str, Any] = {
         "openapi": "3.0.3",
         "info": {"title": "headwater lineage", "version": headwater.__version__,
                  "description": "Row-level lineage questions, read-only."},

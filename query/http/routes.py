@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 from urllib.parse import parse_qsl
 
 from .. import api
@@ -67,7 +67,7 @@ class Param:
     name: str
     schema: dict
     description: str
-    parse: Callable[[str], object]
+    parse: Callable[[str], Any]  # as question.READS: each parameter's value is of a type of its own
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def parse_query(route: Route, query: str) -> tuple[str | None, int | str | None,
             raise LineageError(f"give exactly one of {' or '.join(p.name for p in ROW)}")
         row = named[0].parse(given[named[0].name])
     options = {p.name: p.parse(given[p.name]) for p in route.options if p.name in given}
-    if route.row:
+    if row is not None:  # a lineage route's
         options = Question(route.method, row, options).options  # the question as a whole (since before until)
     backend = BACKEND.parse(given["backend"]) if "backend" in given else None
     return backend, row, options

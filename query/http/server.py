@@ -69,6 +69,8 @@ class LineageServer(ThreadingHTTPServer):
     # Connections the kernel holds before they are accepted: socketserver's 5 would drop a burst of clients
     # (who then wait a second to try again) before the queue of queries ever sees them.
     request_queue_size = 128
+    # As bound (getsockname's): text, where typeshed's type is every address a bind takes.
+    server_address: tuple[str, int] | tuple[str, int, int, int]
 
     def __init__(self, config: Config | None = None, host: str = "127.0.0.1", port: int = 8080,
                  backend: str = "auto", token: str | None = None, max_results: int = 10_000,
@@ -87,10 +89,15 @@ class LineageServer(ThreadingHTTPServer):
             found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except socket.gaierror as exc:
             raise ServeError(f"cannot bind to {host!r}: {exc}") from None
-        if token is None and not all(ipaddress.ip_address(a[4][0].split("%")[0]).is_loopback for a in found):
+        # (family, address) of each; a Python built without IPv6 gives an IPv6 address as no text, and cannot bind it
+        bindable = [(a[0], a[4]) for a in found if isinstance(a[4][0], str)]
+        if not bindable:
+            raise ServeError(f"cannot bind to {host!r}: an IPv6 address, and this Python was built without IPv6")
+        if token is None and not all(ipaddress.ip_address(address[0].split("%")[0]).is_loopback
+                                     for _, address in bindable):
             raise ServeError(f"refusing to serve on {host!r} without a token: anyone who reaches it could read "
                              f"the lineage; give --token-file PATH or ${TOKEN_ENV}, or bind to 127.0.0.1")
-        self.address_family = found[0][0]
+        self.address_family = bindable[0][0]
         self.config = config or configuration.load()
         self.backend = backend
         self.token = token
@@ -110,7 +117,7 @@ class LineageServer(ThreadingHTTPServer):
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self.warm_graph = warm_graph and backend in ("auto", "cypher")
-        super().__init__(found[0][4], Handler)
+        super().__init__(bindable[0][1], Handler)
 
     @property
     def port(self) -> int:
@@ -130,7 +137,9 @@ class LineageServer(ThreadingHTTPServer):
     def route_of(self, handler: Handler) -> str:
         """The request's route as metrics label it: a path of the document (the explorer's files: ``/``),
         else ``other``."""
-        path = urlsplit(handler.path or "").path if handler.command else None
+        if not handler.command:
+            return query_metrics.OTHER
+        path = urlsplit(handler.path or "").path
         if path in self.explorer_files:
             return "/"
         return path if path in self.openapi["paths"] else query_metrics.OTHER

@@ -16,11 +16,12 @@ import operator
 import re
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from .expr import Expr
+from .expr import Expr, column, int_value, str_value, yields_spec
 
 
 class Unevaluable(ValueError):
@@ -39,6 +40,9 @@ class Binding:
 _COMPARE = {"=": operator.eq, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}
 _DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+_STRING_TESTS: dict[str, Callable[[str, str], bool]] = {
+    "startswith": str.startswith, "endswith": str.endswith, "contains": operator.contains}
+_STRING_FUNCTIONS: dict[str, Callable[[str], object]] = {"upper": str.upper, "lower": str.lower, "length": len}
 
 
 def holds(e: Expr, frame: pd.DataFrame, bind: Binding | None = None) -> np.ndarray:
@@ -133,10 +137,11 @@ def _bool(s: pd.Series) -> pd.Series:
 def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
     op = e.op
     if op == "col":
+        expr_id, name = column(e)
         try:
-            return frame[e.value[0]]
+            return frame[expr_id]
         except KeyError:
-            raise Unevaluable(f"column {e.value[1]}#{e.value[0]} is not in the table evaluated") from None
+            raise Unevaluable(f"column {name}#{expr_id} is not in the table evaluated") from None
     if op == "lit":
         return _null(frame, object) if e.value is None else _const(e.value, frame)
     if op == "param":
@@ -173,17 +178,17 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         a = _eval(e.args[0], frame, bind)
         items = [_eval(x, frame, bind) for x in e.args[1:]]
         if all(x.op in ("lit", "param") for x in e.args[1:]):
-            values = {value_key(s.iloc[0]) for s in items if len(s) and not pd.isna(s.iloc[0])}
-            return _member(a, values, frame)
+            keys = {value_key(s.iloc[0]) for s in items if len(s) and not pd.isna(s.iloc[0])}
+            return _member(a, keys, frame)
         out = pd.Series(False, index=frame.index, dtype="boolean")
         for s in items:
             out = out | _elementwise(_compare(operator.eq), a, s, frame, "boolean")
         return out
     if op == "in_set":
-        values = bind.sets.get(e.value)
-        if values is None:
+        bound = bind.sets.get(str_value(e))
+        if bound is None:
             raise Unevaluable(f"no values bound for the set @{e.value}")
-        return _member(_eval(e.args[0], frame, bind), values, frame)
+        return _member(_eval(e.args[0], frame, bind), bound, frame)
     if op == "tuple":  # a composite key: NULL when any part is
         parts = [_eval(x, frame, bind) for x in e.args]
         ok = ~np.logical_or.reduce([_isnull(p) for p in parts])
@@ -199,13 +204,14 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         return _map(abs, _eval(e.args[0], frame, bind), frame)
     if op in ("startswith", "endswith", "contains"):
         a, b = (_eval(x, frame, bind) for x in e.args)
-        fn = {"startswith": str.startswith, "endswith": str.endswith, "contains": operator.contains}[op]
-        return _elementwise(lambda x, y: fn(str(x), str(y)), a, b, frame, "boolean")
+        test = _STRING_TESTS[op]
+        return _elementwise(lambda x, y: test(str(x), str(y)), a, b, frame, "boolean")
     if op == "like":
         a, pattern = (_eval(x, frame, bind) for x in e.args)
-        return _elementwise(lambda x, p: _like(p, e.value).fullmatch(str(x)) is not None, a, pattern, frame, "boolean")
+        escape = str_value(e)
+        return _elementwise(lambda x, p: _like(p, escape).fullmatch(str(x)) is not None, a, pattern, frame, "boolean")
     if op in ("upper", "lower", "length"):
-        fn = {"upper": str.upper, "lower": str.lower, "length": len}[op]
+        fn = _STRING_FUNCTIONS[op]
         return _map(lambda x: fn(str(x)), _eval(e.args[0], frame, bind), frame)
     if op == "substring":
         s, pos, length = (_eval(x, frame, bind) for x in e.args)
@@ -260,6 +266,7 @@ def generated(kind: str, collection, width: int, outer: bool = False) -> list[tu
     yields none."""
     if kind not in ("explode", "posexplode", "inline"):
         raise Unevaluable(f"generator {kind}")
+    items: list[Any]  # a collection's values: whatever the data holds
     if collection is None:
         items = []
     elif isinstance(collection, dict):
@@ -268,6 +275,7 @@ def generated(kind: str, collection, width: int, outer: bool = False) -> list[tu
         items = [_scalar(v) for v in collection]
     else:
         raise Unevaluable(f"{kind} of {type(collection).__name__}")
+    rows: list[tuple]
     if kind == "inline":
         if any(v is not None and not isinstance(v, (tuple, dict)) for v in items):
             raise Unevaluable("inline of something other than structs")
@@ -290,7 +298,7 @@ def _scalar(v):
 
 def _yields(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
     """Whether each row's collection yields a row null-safe equal to the values wanted."""
-    kind, outer, _ = e.value
+    kind, outer, _ = yields_spec(e)
     collections = _eval(e.args[0], frame, bind).tolist()
     wanted = [_eval(v, frame, bind).tolist() for v in e.args[1:]]
     found = []
@@ -314,7 +322,7 @@ def _splitter(pattern: Expr, limit: Expr):
     if "\\" in unescaped or _REGEX_SYNTAX.search(unescaped):
         raise Unevaluable(f"split by the regex {pattern.value!r}")
     separator = re.sub(r"\\([^0-9A-Za-z])", r"\1", pattern.value)
-    most = int(limit.value) - 1 if int(limit.value) > 0 else -1
+    most = int_value(limit) - 1 if int_value(limit) > 0 else -1
     return lambda text: tuple(_text(text).split(separator, most))
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, SupportsInt
 
 _PREFIX = "org.apache.spark.sql.catalyst.expressions."
 
@@ -64,6 +64,58 @@ class Expr:
         yield self
         for a in self.args:
             yield from a.walk()
+
+
+# What ``value`` holds depends on ``op``: these read it as the type it has for theirs. A node
+# holding another is a bug, met with the TypeError reading it untyped would also raise.
+
+def column(e: Expr) -> tuple[int, str]:
+    """(exprId, name) of a ``col`` or ``alias`` node."""
+    expr_id, name = _parts(e)
+    return expr_id, name
+
+
+def col_id(e: Expr) -> int:
+    """The exprId a ``col`` node reads."""
+    return column(e)[0]
+
+
+def str_value(e: Expr) -> str:
+    """The name or word a node holds: a parameter's, a value set's, a function's, a frame's…"""
+    if not isinstance(e.value, str):
+        raise TypeError(f"{e.op} node holds {e.value!r}, not a name")
+    return e.value
+
+
+def int_value(e: Expr) -> int:
+    """A literal's value as an integer (a limit's, an offset's)."""
+    if not isinstance(e.value, (str, SupportsInt)):
+        raise TypeError(f"{e.op} node holds {e.value!r}, not an integer")
+    return int(e.value)
+
+
+def agg_spec(e: Expr) -> tuple[str, bool]:
+    """(function, distinct) of an ``agg`` node."""
+    fn, distinct = _parts(e)
+    return fn, distinct
+
+
+def sort_spec(e: Expr) -> tuple[str, bool]:
+    """(direction, whether NULLs come first) of a ``sort`` node."""
+    direction, nulls_first = _parts(e)
+    return direction, nulls_first
+
+
+def yields_spec(e: Expr) -> tuple[str, bool, tuple[str, ...]]:
+    """(generator kind, outer, the generated columns' types) of a ``yields`` node."""
+    kind, outer, dtypes = _parts(e)
+    return kind, outer, dtypes
+
+
+def _parts(e: Expr) -> tuple[Any, ...]:
+    if not isinstance(e.value, tuple):
+        raise TypeError(f"{e.op} node holds {e.value!r}, not a tuple")
+    return e.value
 
 
 TRUE = Expr("lit", value=True, dtype="boolean")
@@ -132,11 +184,11 @@ def conjuncts(e: Expr) -> list[Expr]:
 
 def refs(e: Expr) -> set[int]:
     """exprIds an expression reads (subquery plans are separate: they read their own)."""
-    return {n.value[0] for n in e.walk() if n.op == "col"}
+    return {col_id(n) for n in e.walk() if n.op == "col"}
 
 
 def set_vars(e: Expr) -> set[str]:
-    return {n.value for n in e.walk() if n.op == "in_set"}
+    return {str_value(n) for n in e.walk() if n.op == "in_set"}
 
 
 def evaluable(e: Expr) -> bool:
@@ -147,7 +199,7 @@ def evaluable(e: Expr) -> bool:
 def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
     """``e`` with each column whose exprId is in ``mapping`` replaced by its expression."""
     if e.op == "col":
-        return mapping.get(e.value[0], e)
+        return mapping.get(col_id(e), e)
     if not e.args:
         return e
     return Expr(e.op, tuple(substitute(a, mapping) for a in e.args), e.value, e.dtype)
@@ -156,7 +208,8 @@ def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
 def show(e: Expr) -> str:
     """A readable rendering, for logs, errors and answers' ``predicate`` fields."""
     if e.op == "col":
-        return f"{e.value[1] or 'c'}#{e.value[0]}"
+        expr_id, name = column(e)
+        return f"{name or 'c'}#{expr_id}"
     if e.op == "lit":
         return repr(e.value) if isinstance(e.value, str) else str(e.value).lower() if isinstance(e.value, bool) \
             else str(e.value)
@@ -167,7 +220,7 @@ def show(e: Expr) -> str:
     if e.op in ("and", "or") or e.op in COMPARISONS or e.op in ("+", "-", "*", "/", "%"):
         return f"({show(e.args[0])} {e.op.upper() if e.op in ('and', 'or') else e.op} {show(e.args[1])})"
     if e.op == "agg":
-        fn, distinct = e.value
+        fn, distinct = agg_spec(e)
         return f"{fn}({'DISTINCT ' if distinct else ''}{', '.join(show(a) for a in e.args)})"
     if e.op == "cast":
         return f"cast({show(e.args[0])} as {e.dtype})"
@@ -213,7 +266,7 @@ def literal(value, dtype: str):
 class Subqueries:
     """Scalar subquery plans met while reading expressions, by the subquery's exprId."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.plans: dict[int, list[dict]] = {}
 
 

@@ -14,7 +14,7 @@ from typing import Iterator
 
 from headwater.core.plan import Attr
 
-from .expr import Expr, Subqueries, col, expr_id, parse, type_name
+from .expr import Expr, Subqueries, col, column, expr_id, int_value, parse, type_name
 
 _RELATIONS = {
     "LogicalRelation", "LocalRelation", "DataSourceV2Relation", "DataSourceV2ScanRelation", "HiveTableRelation",
@@ -26,6 +26,7 @@ _PASS_THROUGH = {"SubqueryAlias", "View", "Repartition", "RepartitionByExpressio
 JOIN_KINDS = ("inner", "cross", "leftouter", "rightouter", "fullouter", "leftsemi", "leftanti")
 
 
+# Subclasses' fields follow ``children``, which has a default: one with none to give is keyword-only (``kw_only``).
 @dataclass
 class Op:
     id: int
@@ -54,9 +55,9 @@ class Project(Op):
     items: list[tuple[Attr, Expr]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Filter(Op):
-    condition: Expr | None = None
+    condition: Expr
 
 
 @dataclass
@@ -101,23 +102,23 @@ class Window(Op):
     items: list[tuple[Attr, Expr]] = field(default_factory=list)  # (attribute, ``window``(function, spec))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WindowGroupLimit(Op):
     """The rows of each partition whose rank-like ``function`` is at most ``limit``: what the
     optimizer puts under a Window whose rank a filter above bounds."""
 
     partition: list[Expr] = field(default_factory=list)
     order: list[Expr] = field(default_factory=list)
-    function: Expr | None = None
+    function: Expr
     limit: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Generate(Op):
     """Each input row joined with the rows its ``generator`` (explode, posexplode, inline)
     yields; an ``outer`` one keeps a row that yields none, with NULLs."""
 
-    generator: Expr | None = None
+    generator: Expr
     outer: bool = False
     generated: list[Attr] = field(default_factory=list)
 
@@ -150,18 +151,19 @@ class Plan:
 
 def _attr(flat: list[dict]) -> Attr:
     node = flat[0]
-    return Attr(node.get("name", ""), expr_id(node), node.get("dataType") if isinstance(node.get("dataType"), str)
-                else "")
+    dtype = node.get("dataType")
+    return Attr(node.get("name", ""), expr_id(node), dtype if isinstance(dtype, str) else "")
 
 
 def _named(flat: list[dict], subqueries: Subqueries) -> tuple[Attr, Expr]:
     """An output column of a Project or Aggregate: its attribute and what computes it."""
     e = parse(flat, subqueries)
     if e.op == "alias":
-        eid, name = e.value
+        eid, name = column(e)
         return Attr(name, eid, e.dtype or ""), e.args[0]
     if e.op == "col":
-        return Attr(e.value[1], e.value[0], e.dtype or ""), e
+        eid, name = column(e)
+        return Attr(name, eid, e.dtype or ""), e
     raise ValueError(f"an output column that is neither an attribute nor an alias: {e}")
 
 
@@ -245,8 +247,8 @@ def _operator(node_id: int, cls: str, fields: dict, children: list[Op], subqueri
     if cls == "Sort":
         return Sort(node_id, "Sort", list(first), children, order=[parse(o, subqueries) for o in fields["order"]])
     if cls in ("GlobalLimit", "LocalLimit"):
-        n = parse(fields["limitExpr"]).value
-        return Limit(node_id, "Limit", list(first), children, n=int(n))
+        n = int_value(parse(fields["limitExpr"]))
+        return Limit(node_id, "Limit", list(first), children, n=n)
     if cls == "Union":
         return Union(node_id, "Union", list(first), children)
     if cls in ("Deduplicate", "Distinct"):

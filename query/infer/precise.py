@@ -32,7 +32,7 @@ import pandas as pd
 from headwater.core.plan import Attr
 
 from .evaluate import Binding, Unevaluable, evaluate, holds, value_key
-from .expr import TRUE, Expr, cmp, col, conj, conjuncts, param, refs
+from .expr import TRUE, Expr, cmp, col, col_id, column, conj, conjuncts, param, refs, str_value
 from .operators import Aggregate, Op, Plan, Relation, Unknown
 from .pushdown import Pushed, push_down
 from .refine import Inferred, judge
@@ -101,8 +101,9 @@ def _keep_keys(op: Op) -> None:
         return
     have = {a.expr_id for a in op.output}
     for g in op.groups:
-        if g.op == "col" and g.value[0] not in have:
-            attr = Attr(g.value[1], g.value[0], g.dtype or "")
+        if g.op == "col" and col_id(g) not in have:
+            expr_id, name = column(g)
+            attr = Attr(name, expr_id, g.dtype or "")
             op.items.append((attr, g))
             op.output.append(attr)
             have.add(attr.expr_id)
@@ -197,7 +198,7 @@ def trace(precise: Precise, saved: Saved, values: list, tables: Tables) -> Infer
 def select(frame: pd.DataFrame, predicate: Expr, tops: pd.DataFrame, bind: Binding) -> tuple[np.ndarray, list[Expr]]:
     """Positions of ``frame``'s rows ``predicate`` holds for with its parameters bound to
     some row of ``tops`` (one column per parameter), and the conjuncts that could not run."""
-    names = sorted({n.value for n in predicate.walk() if n.op == "param"})
+    names = sorted({str_value(n) for n in predicate.walk() if n.op == "param"})
     ids = {name: -1 - k for k, name in enumerate(names)}  # parameters become columns no exprId uses
     bound = _columns(predicate, ids)
     keys = _equalities(bound, set(ids.values()), set(frame.columns))
@@ -207,8 +208,8 @@ def select(frame: pd.DataFrame, predicate: Expr, tops: pd.DataFrame, bind: Bindi
     except Unevaluable:
         return np.arange(len(frame)), [predicate]
     joined = frame.iloc[left].reset_index(drop=True)
-    for column in outer.columns:
-        joined[column] = outer[column].to_numpy(dtype=object)[right]
+    for param_id in outer.columns:
+        joined[param_id] = outer[param_id].to_numpy(dtype=object)[right]
     passing = np.ones(len(joined), dtype=bool)
     dropped = []
     for c in conjuncts(bound):
@@ -221,7 +222,8 @@ def select(frame: pd.DataFrame, predicate: Expr, tops: pd.DataFrame, bind: Bindi
 
 def _columns(e: Expr, ids: dict[str, int]) -> Expr:
     if e.op == "param":
-        return col(ids[e.value], e.value, e.dtype)
+        name = str_value(e)
+        return col(ids[name], name, e.dtype)
     if not e.args:
         return e
     return Expr(e.op, tuple(_columns(a, ids) for a in e.args), e.value, e.dtype)
@@ -234,8 +236,8 @@ def _equalities(e: Expr, params: set[int], own: set) -> list[tuple[Expr, int]]:
         if c.op not in ("=", "<=>"):
             continue
         for a, b in (c.args, c.args[::-1]):
-            if b.op == "col" and b.value[0] in params and refs(a) and refs(a) <= own:
-                found.append((a, b.value[0]))
+            if b.op == "col" and col_id(b) in params and refs(a) and refs(a) <= own:
+                found.append((a, col_id(b)))
                 break
     return found
 

@@ -27,12 +27,14 @@ from .expr import (
     Expr,
     cmp,
     col,
+    col_id,
     conj,
     conjuncts,
     disj,
     evaluable,
     in_set,
     refs,
+    str_value,
     substitute,
 )
 from .operators import (
@@ -154,8 +156,9 @@ def _through_aggregate(op: Aggregate, predicate: Expr) -> tuple[list[Expr], str 
     for attr, e in op.items:
         if not any(n.op == "agg" for n in e.walk()) and e in op.groups:
             groups[attr.expr_id] = e
-    group_ids = {g.value[0] for g in op.groups if g.op == "col"}
-    kept, dropped = [], []
+    group_ids = {col_id(g) for g in op.groups if g.op == "col"}
+    kept: list[Expr] = []
+    dropped: list[Expr] = []
     for c in conjuncts(predicate):
         ids = refs(c)
         if ids <= set(groups) or ids <= group_ids:
@@ -180,7 +183,8 @@ def _through_window(op: Window | WindowGroupLimit, predicate: Expr) -> tuple[lis
     is its partition; the whole input without a partition spec. Only conjuncts on the
     partition keys go down: one on a column that varies within a partition, or on a window
     value, would drop rows of the partition."""
-    kept, dropped = [], []
+    kept: list[Expr] = []
+    dropped: list[Expr] = []
     for c in conjuncts(predicate):
         (kept if _reads_only(c, op.partition) else dropped).append(c)
     # Like a group's: what is dropped costs precision only when more than one partition can
@@ -208,8 +212,8 @@ def _through_generate(op: Generate, predicate: Expr) -> tuple[list[Expr], str | 
     pins: dict[int, Expr] = {}
     for c in parts:
         for side, value in (c.args, c.args[::-1]) if c.op == "<=>" else ():
-            if side.op == "col" and side.value[0] in generated and not refs(value) & generated:
-                pins.setdefault(side.value[0], value)
+            if side.op == "col" and col_id(side) in generated and not refs(value) & generated:
+                pins.setdefault(col_id(side), value)
     if op.generator.op == "generator" and len(pins) == len(generated):
         yields = Expr("yields", (op.generator.args[0], *(pins[a.expr_id] for a in op.generated)),
                       value=(op.generator.value, op.outer, tuple(a.dtype for a in op.generated)), dtype="boolean")
@@ -284,7 +288,7 @@ def _transfer(parts: list[Expr], pairs: list[tuple[Expr, Expr]], to_right: bool)
         for left_key, right_key in pairs:
             source, target = (left_key, right_key) if to_right else (right_key, left_key)
             if c.op == "in_set" and c.args[0] == source:
-                moved.append(in_set(target, c.value))
+                moved.append(in_set(target, str_value(c)))
                 continue
             if c.op not in ("=", "<=>"):
                 continue
@@ -293,9 +297,9 @@ def _transfer(parts: list[Expr], pairs: list[tuple[Expr, Expr]], to_right: bool)
                     continue
                 if side == source:
                     moved.append(cmp("=", target, value))
-                elif side.op == "col" and refs(source) == {side.value[0]}:
+                elif side.op == "col" and refs(source) == {col_id(side)}:
                     # The key is computed from the column (a cast, say): the same of the value.
-                    moved.append(cmp("=", target, substitute(source, {side.value[0]: value})))
+                    moved.append(cmp("=", target, substitute(source, {col_id(side): value})))
     return moved
 
 
@@ -406,19 +410,19 @@ def _up(op: Op, below: list[SetFacts]) -> SetFacts:
     if isinstance(op, (Filter, Sort, Limit, Deduplicate, Window, WindowGroupLimit, Generate)):
         return below[0]  # input columns keep their exprIds and their values
     if isinstance(op, Expand):  # only what every projection passes on unchanged (the rest is NULL or a tag somewhere)
-        ids = [{p[i].value[0] if p[i].op == "col" else None for p in op.projections} for i in range(len(op.output))]
-        return _renamed(below[0], {next(iter(found)): a.expr_id for a, found in zip(op.output, ids)
-                                   if len(found) == 1 and None not in found})
+        sources = [_passed_on(op, i) for i in range(len(op.output))]
+        return _renamed(below[0], {source: a.expr_id for a, source in zip(op.output, sources) if source is not None})
     if isinstance(op, Project):
-        return _renamed(below[0], {e.value[0]: attr.expr_id for attr, e in op.items if e.op == "col"})
+        return _renamed(below[0], {col_id(e): attr.expr_id for attr, e in op.items if e.op == "col"})
     if isinstance(op, Aggregate):
-        return _renamed(below[0], {e.value[0]: attr.expr_id for attr, e in op.items
+        return _renamed(below[0], {col_id(e): attr.expr_id for attr, e in op.items
                                    if e.op == "col" and e in op.groups})
     if isinstance(op, Join):
         left, right = below
-        keys = [(a.value[0], b.value[0]) for a, b in equi_pairs(op) if a.op == "col" and b.op == "col"]
-        if len(keys) > 1:
-            lk, rk = tuple(a for a, _ in keys), tuple(b for _, b in keys)
+        columns = [(col_id(a), col_id(b)) for a, b in equi_pairs(op) if a.op == "col" and b.op == "col"]
+        keys: list[tuple[Key, Key]] = list(columns)
+        if len(columns) > 1:
+            lk, rk = tuple(a for a, _ in columns), tuple(b for _, b in columns)
             left = {**left, lk: frozenset(left.get(lk, frozenset()) | _composite(left, lk))}
             right = {**right, rk: frozenset(right.get(rk, frozenset()) | _composite(right, rk))}
             keys.append((lk, rk))
@@ -447,3 +451,9 @@ def _up(op: Op, below: list[SetFacts]) -> SetFacts:
             return dict(below[0])
         return _frozen(_merge(left, right))
     return {}
+
+
+def _passed_on(op: Expand, i: int) -> int | None:
+    """The column every projection passes on unchanged as output column ``i``, if one does."""
+    found = {col_id(p[i]) if p[i].op == "col" else None for p in op.projections}
+    return found.pop() if len(found) == 1 else None

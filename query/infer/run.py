@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .evaluate import Binding, Unevaluable, evaluate, generated, holds, objects, value_key
-from .expr import Expr, conjuncts, lit
+from .expr import Expr, agg_spec, conjuncts, int_value, lit, sort_spec, str_value
 from .operators import (
     Aggregate,
     Deduplicate,
@@ -129,7 +129,7 @@ def _ordered(frame: pd.DataFrame, order: list[Expr], bind: Binding) -> np.ndarra
         return np.arange(len(frame))
     keys, names, ascending = {}, [], []
     for i, o in enumerate(order):
-        direction, nulls_first = o.value
+        direction, nulls_first = sort_spec(o)
         values = evaluate(o.args[0], frame, bind)
         # NULLs placed by a key of their own, as each sort order says.
         keys[f"null{i}"] = values.isna().to_numpy(dtype=bool) != nulls_first
@@ -159,15 +159,15 @@ def _union(r: Running, op: Union) -> pd.DataFrame:
 def _deduplicate(r: Running, op: Deduplicate) -> pd.DataFrame:
     frame = r.run(op.children[0])
     keys = [tuple(_hashable(v) for v in row) for row in frame[op.keys].itertuples(index=False)]
-    first: dict = {}
-    lineage: dict = {}
+    first: dict[tuple, int] = {}  # key → the position of its first row
+    lineage: dict[tuple, frozenset] = {}
     for i, key in enumerate(keys):
         first.setdefault(key, i)
         if r.lineage:
             lineage[key] = lineage.get(key, frozenset()) | frame[LINEAGE].iloc[i]
     out = frame.iloc[sorted(first.values())].reset_index(drop=True)
     if r.lineage:
-        out[LINEAGE] = [lineage[k] for k in sorted(first, key=first.get)]
+        out[LINEAGE] = [lineage[k] for k in sorted(first, key=first.__getitem__)]
     return out
 
 
@@ -190,7 +190,7 @@ def _aggregate(r: Running, op: Aggregate) -> pd.DataFrame:
     rows = []
     for key, members in groups.items():
         part = frame.iloc[members]
-        row = {}
+        row: dict[int | str, object] = {}  # exprId → value, and the lineage column
         for attr, e in op.items:
             row[attr.expr_id] = _aggregate_value(e, part, op.groups, key, r.bind)
         if r.lineage:
@@ -218,7 +218,7 @@ def _aggregate_value(e: Expr, part: pd.DataFrame, groups: list[Expr], key: tuple
 
 
 def _apply(e: Expr, part: pd.DataFrame, bind: Binding):
-    fn, distinct = e.value
+    fn, distinct = agg_spec(e)
     if fn == "count" and (not e.args or all(a.op == "lit" and a.value is not None for a in e.args)):
         return len(part) if not distinct else len(part.drop_duplicates())
     values = evaluate(e.args[0], part, bind).tolist() if e.args else []
@@ -234,7 +234,10 @@ def _apply(e: Expr, part: pd.DataFrame, bind: Binding):
     if fn == "avg":
         total = sum(values[1:], values[0])
         if isinstance(total, Decimal):
-            scale = max(-total.as_tuple().exponent, 0) + 4
+            exponent = total.as_tuple().exponent
+            if not isinstance(exponent, int):  # 'n', 'N' or 'F': NaN or infinity, which no Spark decimal holds
+                raise Unevaluable(f"avg of decimals whose sum is {total}")
+            scale = max(-exponent, 0) + 4
             return (total / len(values)).quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)
         return total / len(values)
     if fn == "min":
@@ -272,12 +275,12 @@ def _window_column(e: Expr, ordered: pd.DataFrame, peers: list, bind: Binding) -
     """One window function's values over one partition, its rows in order."""
     fn, spec = e.args
     if fn.op == "winfn" and fn.value in ("row_number", "rank", "dense_rank"):
-        return _rank_like(fn.value, peers)
+        return _rank_like(str_value(fn), peers)
     if fn.op == "winfn":  # lag or lead: the input ``offset`` rows before or after, else the default
         source, offset, default = fn.args
         if offset.op != "lit" or offset.value is None:
             raise Unevaluable(f"{fn.value} by {offset}")
-        step = -int(offset.value) if fn.value == "lag" else int(offset.value)
+        step = -int_value(offset) if fn.value == "lag" else int_value(offset)
         values = evaluate(source, ordered, bind).tolist()
         defaults = evaluate(default, ordered, bind).tolist()
         return [values[i + step] if 0 <= i + step < len(values) else defaults[i] for i in range(len(values))]
@@ -341,7 +344,7 @@ def _window_group_limit(r: Running, op: WindowGroupLimit) -> pd.DataFrame:
     keep = np.zeros(len(frame), dtype=bool)
     lineage = np.empty(len(frame), dtype=object)
     for positions, peers in _partitions(frame, op, r.bind):
-        keep[positions] = np.array(_rank_like(op.function.value, peers)) <= op.limit
+        keep[positions] = np.array(_rank_like(str_value(op.function), peers)) <= op.limit
         if r.lineage:
             lineage[positions] = [frozenset().union(*frame[LINEAGE].iloc[positions])] * len(positions)
     out = frame[keep].reset_index(drop=True)
@@ -357,7 +360,7 @@ def _generate(r: Running, op: Generate) -> pd.DataFrame:
     collections = evaluate(op.generator.args[0], frame, r.bind).tolist()
     rows, produced = [], []
     for i, collection in enumerate(collections):
-        found = generated(op.generator.value, collection, len(op.generated), op.outer)
+        found = generated(str_value(op.generator), collection, len(op.generated), op.outer)
         rows += [i] * len(found)
         produced += found
     own = {a.expr_id for a in op.generated}
@@ -394,7 +397,7 @@ def _join(r: Running, op: Join) -> pd.DataFrame:
         keep = matched if kind == "leftsemi" else ~matched
         out = left[keep].reset_index(drop=True)
         if r.lineage and kind == "leftsemi":
-            inner: dict[int, frozenset] = {}
+            inner: dict[np.integer, frozenset] = {}  # left position → lineage of the right rows it matched
             for a, b in zip(li, ri):
                 inner[a] = inner.get(a, frozenset()) | right[LINEAGE].iloc[b]
             out[LINEAGE] = [left[LINEAGE].iloc[i] | inner[i] for i in np.flatnonzero(keep)]
@@ -449,6 +452,8 @@ def _matches(left: pd.DataFrame, right: pd.DataFrame, pairs, residual: list[Expr
     return np.array(li, dtype=int)[ok], np.array(ri, dtype=int)[ok]
 
 
-_RUNNERS = {Relation: _relation, Project: _project, Filter: _filter, Sort: _sort, Limit: _limit, Union: _union,
-            Deduplicate: _deduplicate, Aggregate: _aggregate, Join: _join, Window: _window,
-            WindowGroupLimit: _window_group_limit, Generate: _generate, Expand: _expand}
+# Each runner takes the operator of the type it is filed under.
+_RUNNERS: dict[type[Op], Callable[..., pd.DataFrame]] = {
+    Relation: _relation, Project: _project, Filter: _filter, Sort: _sort, Limit: _limit, Union: _union,
+    Deduplicate: _deduplicate, Aggregate: _aggregate, Join: _join, Window: _window,
+    WindowGroupLimit: _window_group_limit, Generate: _generate, Expand: _expand}

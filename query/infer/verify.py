@@ -29,7 +29,7 @@ from decimal import Decimal
 
 import z3
 
-from .expr import COMPARISONS, Expr, conjuncts
+from .expr import COMPARISONS, Expr, col_id, conjuncts, str_value, yields_spec
 from .operators import (
     Aggregate,
     Deduplicate,
@@ -85,7 +85,7 @@ UNTYPED = z3.DeclareSort("Untyped")
 class _Symbols:
     """Fresh z3 names, parameters shared by F and F_row, and uninterpreted functions."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = itertools.count()
         self.params: dict[str, z3.ExprRef] = {}
         self.functions: dict[tuple, z3.FuncDeclRef] = {}
@@ -163,21 +163,21 @@ def symbolic(e: Expr, row: Row, sym: _Symbols, want=None) -> z3.ExprRef:
 def _symbolic(e: Expr, row: Row, sym: _Symbols) -> z3.ExprRef:
     op = e.op
     if op == "col":
-        if e.value[0] not in row:
+        if col_id(e) not in row:
             raise Unsupported(f"{e} is not in the row")
-        return row[e.value[0]]
+        return row[col_id(e)]
     if op == "lit":
         if e.value is None:
             raise Unsupported("null literal")
         return _value(e.value, _sort(e.dtype) if e.dtype else z3.IntSort())
     if op == "param":
-        return sym.param(e.value, _sort(e.dtype))
+        return sym.param(str_value(e), _sort(e.dtype))
     if op == "scalar_subquery":
         return sym.param(f"subquery{e.value}", _sort(e.dtype))
     if op == "in_set":
-        return sym.member(e.value, key_terms(e.args[0], row, sym))
+        return sym.member(str_value(e), key_terms(e.args[0], row, sym))
     if op == "yields":
-        kind, _, dtypes = e.value
+        kind, _, dtypes = yields_spec(e)
         collection = symbolic(e.args[0], row, sym)
         found = []
         for k in range(ELEMENTS):
@@ -299,7 +299,8 @@ def _outputs(op: Op, t: _Tables, sym: _Symbols) -> list[_Output]:
             outs.append(_Output(cells, t.exists[0][i], members))
         return outs
     if isinstance(op, Join):
-        cond = (lambda cells: symbolic(op.condition, cells, sym)) if op.condition is not None \
+        condition = op.condition
+        cond = (lambda cells: symbolic(condition, cells, sym)) if condition is not None \
             else (lambda cells: z3.BoolVal(True))
         outs = []
         for i, left in enumerate(t.rows[0]):
@@ -332,7 +333,7 @@ def _outputs(op: Op, t: _Tables, sym: _Symbols) -> list[_Output]:
             collection = symbolic(op.generator.args[0], row, sym)
             for k in range(ELEMENTS):
                 cells = dict(zip([a.expr_id for a in op.generated],
-                                 _element(op.generator.value, collection, k, dtypes, sym)))
+                                 _element(str_value(op.generator), collection, k, dtypes, sym)))
                 exists = z3.And(t.exists[0][i], _has(collection, k, sym))
                 outs.append(_Output({**row, **cells}, exists, [(0, i, z3.BoolVal(True))]))
         return outs
@@ -414,14 +415,15 @@ def verify(op: Op, predicate: Expr, pushed: list[Expr], facts_of: dict[str, tupl
             for node in g.walk():
                 if node.op != "in_set":
                     continue
+                var = str_value(node)
                 terms = [key_terms(node.args[0], row, sym) for row in tables.rows[c2]]
                 for j in range(ROWS):  # refinement's invariant: a value set holds the lineage's values
-                    solver.add(z3.Implies(lineage[c2][j], sym.member(node.value, terms[j])))
-                if node.value in (facts_of or {}):  # and only the keys of the rows the other input selects
-                    c, key = facts_of[node.value]
+                    solver.add(z3.Implies(lineage[c2][j], sym.member(var, terms[j])))
+                if facts_of is not None and var in facts_of:  # and only the keys of the rows the other input selects
+                    c, key = facts_of[var]
                     keys = [key_terms(key, row, sym) for row in tables.rows[c]]
                     for term in terms:
-                        only.append(z3.Implies(sym.member(node.value, term), z3.Or(*[
+                        only.append(z3.Implies(sym.member(var, term), z3.Or(*[
                             z3.And(selected[c][j], *[k == t for k, t in zip(keys[j], term)]) for j in range(ROWS)])))
     except (Unsupported, z3.Z3Exception) as exc:
         return [Verdict(None, None, f"not verified: {exc}") for _ in op.children]
@@ -476,17 +478,28 @@ def _and3(a: bool | None, b: bool | None) -> bool | None:
 def key_facts(op: Join, pushed: list[Expr]) -> dict[str, tuple[int, Expr]]:
     """For value sets a join hands from one input to the other: the input whose selected rows'
     key values each holds (its relation is under that input), and that key."""
-    found = {}
+    found: dict[str, tuple[int, Expr]] = {}
     pairs = equi_pairs(op)
     for c2, g in enumerate(pushed):
         for part in conjuncts(g):
             if part.op != "in_set":
                 continue
-            relation, attrs = parse_var(part.value)
+            var = str_value(part)
+            relation, attrs = parse_var(var)
             for c, child in enumerate(op.children):
                 if c == c2 or relation not in {r.id for r in child.relations()}:
                     continue
-                keys = [next((p[c] for p in pairs if p[c].op == "col" and p[c].value[0] == a), None) for a in attrs]
-                if None not in keys:
-                    found[part.value] = (c, keys[0] if len(keys) == 1 else Expr("tuple", tuple(keys)))
+                columns = _key_columns(pairs, c)
+                keys = [columns[a] for a in attrs if a in columns]
+                if len(keys) == len(attrs):
+                    found[var] = (c, keys[0] if len(keys) == 1 else Expr("tuple", tuple(keys)))
+    return found
+
+
+def _key_columns(pairs: list[tuple[Expr, Expr]], c: int) -> dict[int, Expr]:
+    """Input ``c``'s join keys that are columns, by exprId (the first, where one repeats)."""
+    found: dict[int, Expr] = {}
+    for pair in pairs:
+        if pair[c].op == "col":
+            found.setdefault(col_id(pair[c]), pair[c])
     return found

@@ -31,7 +31,7 @@ def _ir_node(ir: dict, node_id: int) -> dict | None:
 def box_inputs(fallback, box, batch: int) -> tuple[pa.Table, list[list[int]]]:
     """(the rows entering ``box`` in ``batch``, each row's source rids)."""
     from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import _parse_datatype_json_value
+    from pyspark.sql.types import StructType, _parse_datatype_json_value
 
     plan, kept = fallback.plan(box.query, batch)
     node = _ir_node(kept.get("ir") or {}, box.op)
@@ -52,7 +52,10 @@ def box_inputs(fallback, box, batch: int) -> tuple[pa.Table, list[list[int]]]:
     missing = [c for c in child if c not in frame.columns]
     if missing:
         raise LineageError(f"the plan below the black box does not give its input columns {missing}")
-    schema = to_arrow_schema(_parse_datatype_json_value(box.record["function"]["input"]))
+    input_type = _parse_datatype_json_value(box.record["function"]["input"])
+    if not isinstance(input_type, StructType):
+        raise LineageError(f"the black box's logged input type is {input_type.simpleString()}, not a struct")
+    schema = to_arrow_schema(input_type)
     columns = []
     for expr_id, f in zip(child, schema):
         try:
@@ -73,9 +76,9 @@ def _source_rids(fallback, plan, kept, read, lineages: list) -> list[list[int]]:
         for relation_id, position in sources:
             wanted.setdefault(relation_id, set()).add(position)
     named: dict[tuple[int, int], int] = {}
-    for relation_id, positions in wanted.items():
+    for relation_id, seen in wanted.items():
         frame, (kind, _, _) = read[relation_id]
-        positions = sorted(positions)
+        positions = sorted(seen)
         if kind == "kafka":
             rows = frame.iloc[positions]
             for position, t, p, o in zip(positions, rows["topic"], rows["partition"], rows["offset"]):

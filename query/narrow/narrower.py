@@ -297,9 +297,9 @@ class Narrower:
         mask = masks.pop() if len(masks) == 1 else -1
         found = {}
         for b, narrowed in result.items():
-            if narrowed.get("refused") or narrowed.get("failed"):
-                found[b] = Narrowing(box.query, box.op, b, "superset", False,
-                                     narrowed.get("refused") or narrowed.get("failed"))
+            failure = narrowed.get("refused") or narrowed.get("failed")
+            if failure:
+                found[b] = Narrowing(box.query, box.op, b, "superset", False, failure)
                 continue
             found[b] = self._edges(box, b, narrowed, inputs, mask, backend)
         for narrowing in found.values():

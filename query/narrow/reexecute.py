@@ -25,10 +25,16 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from headwater.core import rid as rids
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import Row
+    from pyspark.sql.types import StructType
 
 MAP_PANDAS, GROUPED_PANDAS, MAP_ARROW, GROUPED_WITH_STATE = 205, 201, 207, 208
 SUPPORTED = (MAP_PANDAS, GROUPED_PANDAS, MAP_ARROW, GROUPED_WITH_STATE)
@@ -71,7 +77,7 @@ class Function:
 
     def __init__(self, record: dict, dataset: str, digest: list[int]):
         import pyspark.cloudpickle as cloudpickle
-        from pyspark.sql.types import StructField, StructType, _parse_datatype_json_value
+        from pyspark.sql.types import StructField, StructType
 
         self.record = record
         self.eval_type = record["eval_type"]
@@ -79,11 +85,11 @@ class Function:
             raise ValueError(f"PySpark eval type {self.eval_type} is not re-run (mapInPandas, mapInArrow, "
                              f"applyInPandas and applyInPandasWithState are)")
         self.function, self.return_type = cloudpickle.loads(record["command"])
-        self.input_type = _parse_datatype_json_value(record["input"])
-        self.output_type = _parse_datatype_json_value(record["output"])
+        self.input_type = _struct(record, "input")
+        self.output_type = _struct(record, "output")
         self.keys = list(record.get("grouping") or [])  # positions of the key's columns in the input
-        self.data = list(record.get("data") if record.get("data") is not None
-                         else range(len(self.input_type.fields)))
+        data = record.get("data")
+        self.data = list(data if data is not None else range(len(self.input_type.fields)))
         self.timezone = record.get("timezone") or "UTC"
         self.dataset = dataset
         self.digest = digest
@@ -99,7 +105,7 @@ class Function:
                 raise ValueError(f"a stateful function with {record.get('timeout')} is not replayed (its timeouts "
                                  f"depend on clocks, not rows)")
             self.no_timeout = GroupStateTimeout.NoTimeout
-            self.state_type = _parse_datatype_json_value(record["state"])
+            self.state_type = _struct(record, "state")
         import inspect
 
         self.takes_key = self.eval_type == GROUPED_PANDAS and len(inspect.getfullargspec(self.function).args) == 2
@@ -149,7 +155,7 @@ class Function:
                 found.append(self._arrow_digests(self.function(iter(part.to_batches()))))
             return found
         data, keys = self._frames(table)
-        produced: list[tuple[int, object]] = []
+        produced: list[tuple[int, pd.DataFrame]] = []
         for i, group in enumerate(groups):
             # A slice where the group is one row (the dispatcher's test runs every row alone): cheaper than a take.
             part = (data.iloc[group[0]:group[0] + 1] if len(group) == 1 else data.iloc[group]).reset_index(drop=True)
@@ -171,13 +177,13 @@ class Function:
                 raise TypeError(f"the function yielded a {type(df).__name__}, not a pandas.DataFrame")
             yield df
 
-    def digests(self, produced: list[tuple[int, object]], calls: int) -> list[Counter]:
+    def digests(self, produced: list[tuple[int, pd.DataFrame]], calls: int) -> list[Counter]:
         """Per call, the Counter of its output rows' digests; the frames of every call converted together
         where they agree in columns and types (one conversion, not one per call)."""
         import pandas as pd
 
-        found = [Counter() for _ in range(calls)]
-        alike: dict[tuple, list[tuple[int, object]]] = {}
+        found: list[Counter] = [Counter() for _ in range(calls)]
+        alike: dict[tuple, list[tuple[int, pd.DataFrame]]] = {}
         for i, df in produced:
             if len(df):
                 alike.setdefault((tuple(map(str, df.columns)), tuple(map(str, df.dtypes))), []).append((i, df))
@@ -211,8 +217,19 @@ _FORKED: tuple | None = None  # (function, table, groups) of the calls a fork sh
 
 
 def _run_chunk(bounds: tuple[int, int]) -> list[Counter]:
+    assert _FORKED is not None, "runs only in the forks of Function.run, which sets _FORKED before forking"
     fn, table, groups = _FORKED
     return fn._run(table, groups[bounds[0]:bounds[1]])
+
+
+def _struct(record: dict, what: str) -> StructType:
+    """The record's ``what`` type (a black box's input, output or state: each a struct), from Spark's JSON."""
+    from pyspark.sql.types import StructType, _parse_datatype_json_value
+
+    found = _parse_datatype_json_value(record[what])
+    if not isinstance(found, StructType):
+        raise ValueError(f"the black box's {what} type is {found.simpleString()}, not a struct")
+    return found
 
 
 def _arrow_schema(struct_type) -> list[pa.Field]:
@@ -312,7 +329,7 @@ def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, di
     """(per batch, the Counter of output digests), (per batch, digest -> [(batch, row)…])."""
     from pyspark.sql.streaming.state import GroupState
 
-    states: dict[tuple, object] = {}  # key -> state value (a Row), absent: none
+    states: dict[tuple, Row] = {}  # key -> state value, absent: none
     since: dict[tuple, list] = {}  # key -> (batch, row) of its rows since it last had no state
     outputs: dict[int, Counter] = {}
     lineage: dict[int, dict[int, set]] = {}
@@ -325,8 +342,9 @@ def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, di
             if value is None:
                 since[key] = []
             since[key].extend((batch, i) for i in group)
-            state = GroupState(value, 0, -1, fn.no_timeout, False, False, value is not None, False, False, -1,
-                               b"", fn.state_type)
+            # pyspark annotates the state value Row, but passes None for none itself (its serializers.py)
+            state = GroupState(value, 0, -1, fn.no_timeout, False, False, value is not None,  # type: ignore[arg-type]
+                               False, False, -1, b"", fn.state_type)
             fn.calls += 1
             returned = fn._checked(fn.function(key, iter([fn.frame(part, fn.data)]), state))
             found = fn.digests([(0, df) for df in returned], 1)[0]

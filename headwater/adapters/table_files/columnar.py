@@ -87,5 +87,5 @@ def file_schema_columns(fmt: str, files: list[DataFile]) -> list[tuple[str, str]
         raise TableUnreadable(f"{path}: cannot be read as {fmt}: {e}") from None
     # Spark notes its type beside an ORC column whose ORC type does not say it (timestamp_ntz is a long).
     said = {field.name: (field.metadata or {}).get(b"spark.sql.catalyst.type") for field in schema}
-    return [(field.name, said[field.name].decode() if said[field.name] else
+    return [(field.name, noted.decode() if (noted := said[field.name]) else
              spark_type(field.type, field.name in instants)) for field in schema]

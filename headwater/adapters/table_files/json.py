@@ -37,6 +37,9 @@ class _JsonNumber(str):
 
 
 _SPACE = re.compile(r"[ \t\r\n]*")
+# The json module's own reader of a string's body; typeshed leaves it out of json.decoder (it is _json's C one, or
+# the pure-Python py_scanstring).
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _LITERAL = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|NaN|-?Infinity|true|false|null")
 _WORDS = {"true": True, "false": False, "null": None}
 _NON_NUMBERS = {"NaN": math.nan, "Infinity": math.inf, "+Infinity": math.inf, "+INF": math.inf,
@@ -96,22 +99,23 @@ def _objects(text: str, options: dict) -> Iterator[list | None]:
 def _value(text: str, i: int) -> tuple[Any, int]:
     """One JSON value from ``text[i]`` as Jackson reads it with Spark's defaults (single quotes
     and NaN/Infinity allowed), and where it ends."""
-    i = _SPACE.match(text, i).end()
+    i = _after_space(text, i)
     c = text[i]
     if c in "{[":
-        node, close = (_JsonObject(), "}") if c == "{" else (_JsonArray(), "]")
-        start, i = i, _SPACE.match(text, i + 1).end()
+        node: _JsonObject | _JsonArray = _JsonObject() if c == "{" else _JsonArray()
+        close = "}" if c == "{" else "]"
+        start, i = i, _after_space(text, i + 1)
         while text[i] != close:
-            if close == "}":
-                key, i = _string(text, _SPACE.match(text, i).end())
-                i = _SPACE.match(text, i).end()
+            if isinstance(node, _JsonObject):
+                key, i = _string(text, _after_space(text, i))
+                i = _after_space(text, i)
                 if text[i] != ":":
                     raise ValueError(f"expected ':' at {i}")
                 node[key], i = _value(text, i + 1)
             else:
                 value, i = _value(text, i)
                 node.append(value)
-            i = _SPACE.match(text, i).end()
+            i = _after_space(text, i)
             if text[i] == ",":
                 i += 1
             elif text[i] != close:
@@ -127,9 +131,16 @@ def _value(text: str, i: int) -> tuple[Any, int]:
     return (_WORDS[word] if word in _WORDS else _JsonNumber(word)), m.end()
 
 
+def _after_space(text: str, i: int) -> int:
+    """Where the whitespace from ``text[i]`` on ends."""
+    found = _SPACE.match(text, i)
+    assert found is not None  # the pattern matches the empty string, at any position
+    return found.end()
+
+
 def _string(text: str, i: int) -> tuple[str, int]:
     if text[i] == '"':
-        return json.decoder.scanstring(text, i + 1, True)
+        return _scanstring(text, i + 1, True)
     if text[i] != "'":
         raise ValueError(f"expected a string at {i}")
     end = i + 1
@@ -138,7 +149,7 @@ def _string(text: str, i: int) -> tuple[str, int]:
     # The escapes of double quotes, and \' besides: rewrite it as a double-quoted string.
     body = re.sub(r'\\(.)|"', lambda m: "'" if m.group(1) == "'" else m.group(0) if m.group(1) else '\\"',
                   text[i + 1:end], flags=re.DOTALL)
-    return json.decoder.scanstring('"' + body + '"', 1, True)[0], end + 1
+    return _scanstring('"' + body + '"', 1, True)[0], end + 1
 
 
 def _parser(t: pa.DataType, options: dict) -> Callable[[Any], Any]:

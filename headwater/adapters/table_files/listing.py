@@ -209,8 +209,9 @@ def with_partitions(table: pa.Table, file: DataFile, typed: list[tuple[str, pa.D
         if key not in parsers:
             arrays.append(table.column(name))
             continue
+        text = raw.get(key)
         try:
-            value = None if raw.get(key) is None else parsers[key](raw[key])
+            value = None if text is None else parsers[key](text)
         except ValueError:
             value = None
         arrays.append(pa.nulls(table.num_rows, t) if value is None

@@ -13,13 +13,14 @@ import gzip
 import os
 import re
 import zlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
 from .location import TableUnreadable, flag
 
-_DECOMPRESS = {".gz": gzip.decompress, ".bz2": bz2.decompress, ".deflate": zlib.decompress}
+_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {".gz": gzip.decompress, ".bz2": bz2.decompress,
+                                                     ".deflate": zlib.decompress}
 _UNSUPPORTED_CODECS = (".snappy", ".lz4", ".zst", ".br", ".lzo")
 NEWLINE = re.compile(r"\r\n|\r|\n")
 
