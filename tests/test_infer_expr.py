@@ -70,6 +70,38 @@ def test_values_compare_as_spark_compares_them():
     assert holds(like, frame).tolist() == [False, True, False]
 
 
+def test_remainder_in_and_substring_as_spark_computes_them():
+    """Java's remainder (the dividend's sign), IN with a NULL in its list, substring's end counted before its
+    start is clamped: Spark's answers, each of which Python's own operators get wrong."""
+    frame = pd.DataFrame({1: [-7, 7, -7, None], 2: [3, -3, 0, 3], 3: [-7.5, 7.5, 1.0, None],
+                          4: [Decimal("-7.5"), Decimal("7.5"), None, None]})
+    assert evaluate(Expr("%", (col(1), col(2))), frame).tolist() == [-1, 1, None, None]
+    assert evaluate(Expr("%", (col(3), lit(2.0, "double"))), frame).tolist()[:2] == [-1.5, 1.5]
+    assert evaluate(Expr("%", (col(4), lit(Decimal(2), "decimal(1,0)"))), frame).tolist()[:2] == \
+        [Decimal("-1.5"), Decimal("1.5")]
+    # -7 % 3 = -1: a predicate over it keeps the row Spark keeps
+    assert holds(cmp("=", Expr("%", (col(1), lit(3, "integer"))), lit(-1, "integer")), frame).tolist() == \
+        [True, False, True, False]
+    in_list = Expr("in", (col(1), lit(7, "integer"), lit(None, "integer")), dtype="boolean")
+    assert evaluate(in_list, frame).tolist() == [pd.NA, True, pd.NA, pd.NA]  # no match, a NULL listed: NULL
+    assert holds(Expr("not", (in_list,)), frame).tolist() == [False, False, False, False]
+    assert evaluate(Expr("in", (col(1), lit(7, "integer")), dtype="boolean"), frame).tolist() == \
+        [False, True, False, pd.NA]
+    words = pd.DataFrame({1: ["abcde"] * 6})
+    for pos, length, spark in [(-7, 3, "a"), (-3, 2, "cd"), (0, 2, "ab"), (2, 10, "bcde"), (-7, 1, ""), (3, -1, "")]:
+        sub = Expr("substring", (col(1), lit(pos, "integer"), lit(length, "integer")), dtype="string")
+        assert evaluate(sub, words).tolist()[0] == spark, (pos, length)
+
+
+def test_those_answers_are_sparks(spark):
+    """The oracle of the test above: Spark's own answers to the same expressions."""
+    row = spark.sql("SELECT -7 % 3, 7 % -3, -7.5D % 2.0D, CAST(-7.5 AS DECIMAL(2,1)) % 2, -7 IN (7, NULL), "
+                    "NOT (-7 IN (7, NULL)), 7 IN (7, NULL), substring('abcde', -7, 3), substring('abcde', -3, 2), "
+                    "substring('abcde', 0, 2), substring('abcde', 2, 10), substring('abcde', -7, 1), "
+                    "substring('abcde', 3, -1)").first()
+    assert list(row) == [-1, 1, -1.5, Decimal("-1.5"), None, None, True, "a", "cd", "ab", "bcde", "", ""]
+
+
 def test_conjunctions_flatten_and_absorb():
     a = cmp("=", col(1), lit(1))
     b = cmp("=", col(2), lit(2))

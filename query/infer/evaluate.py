@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import math
 import operator
 import re
 from dataclasses import dataclass, field
@@ -38,7 +39,17 @@ class Binding:
 
 
 _COMPARE = {"=": operator.eq, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": operator.mod}
+def _remainder(x, y):
+    """Spark's ``%``, Java's remainder: the dividend's sign (-7 % 3 is -1, where Python's is 2)."""
+    if isinstance(x, (float, np.floating)) or isinstance(y, (float, np.floating)):
+        return math.fmod(x, y)
+    if isinstance(x, Decimal) or isinstance(y, Decimal):
+        return Decimal(x) % Decimal(y)  # Decimal's remainder is truncated already
+    found = abs(x) % abs(y)
+    return -found if x < 0 else found
+
+
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "%": _remainder}
 _DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
 _STRING_TESTS: dict[str, Callable[[str, str], bool]] = {
     "startswith": str.startswith, "endswith": str.endswith, "contains": operator.contains}
@@ -179,7 +190,10 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         items = [_eval(x, frame, bind) for x in e.args[1:]]
         if all(x.op in ("lit", "param") for x in e.args[1:]):
             keys = {value_key(s.iloc[0]) for s in items if len(s) and not pd.isna(s.iloc[0])}
-            return _member(a, keys, frame)
+            found = _member(a, keys, frame)
+            if len(keys) < len(items):  # a NULL in the list: no match is NULL, not FALSE (Spark's In)
+                found = found.mask(found == False, pd.NA)  # noqa: E712 (elementwise on a boolean Series)
+            return found
         out = pd.Series(False, index=frame.index, dtype="boolean")
         for s in items:
             out = out | _elementwise(_compare(operator.eq), a, s, frame, "boolean")
@@ -378,11 +392,8 @@ def _arith(fn):
             x = float(x)
         elif isinstance(y, Decimal) and isinstance(x, (float, np.floating)):
             y = float(y)
-        if fn is operator.truediv:
-            if y == 0:
-                return None
-            if isinstance(x, (int, np.integer)) and isinstance(y, (int, np.integer)):
-                return x / y
+        if (fn is operator.truediv or fn is _remainder) and y == 0:
+            return None  # as Spark without ANSI mode; with it the batch fails, and no row of it is asked about
         return fn(x, y)
     return arith
 
@@ -458,11 +469,13 @@ def _round(x, scale):
 
 
 def _substring(s: str, pos: int, length: int) -> str:
-    """Spark's ``substring``: 1-based; 0 counts as 1; negative counts from the end."""
-    if length <= 0:
-        return ""
-    start = pos - 1 if pos > 0 else (0 if pos == 0 else max(len(s) + pos, 0))
-    return s[start:start + length]
+    """Spark's ``substring`` (``UTF8String.substringSQL``): 1-based; 0 counts as 1; negative counts from the end,
+    and the end is counted before a start before the string is clamped to it (``substring('abcde', -7, 3)`` is
+    ``'a'``)."""
+    start = pos - 1 if pos > 0 else (len(s) + pos if pos < 0 else 0)
+    end = start + length
+    start = max(start, 0)
+    return s[start:end] if start < end else ""
 
 
 _LIKE_CACHE: dict[tuple[str, str], re.Pattern] = {}
