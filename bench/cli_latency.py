@@ -13,7 +13,7 @@ processes, ``--runs`` of each after one uncounted warm-up:
 Prints one JSON line: median and max seconds of each, the bars (``backward`` and
 ``forward`` 0.3 s, ``where`` 1 s, at the median), and ``passed``; exits 1 when a bar is
 missed, after printing. ``demo_stack`` and ``wall_times`` are shared with
-``tests/test_cli.py``.
+``tests/cli/test_cli.py``.
 
     .venv/bin/python bench/cli_latency.py [--runs 10] [--orders 1000]
 """

@@ -7,7 +7,7 @@ more than the whole overhead budget of a 10,000-row batch (capture/README.md, "T
 
 The jar is built from ``java/`` against the pinned pyspark's jars and shipped in the package
 (``headwater-capture.jar``), so neither users nor tests need a JDK; it carries the digest of the
-sources it was built from, and ``tests/test_journal.py`` fails when they differ. Rebuild after
+sources it was built from, and ``tests/capture/test_journal.py`` fails when they differ. Rebuild after
 changing them (javac 17 or newer):
 
     .venv/bin/python -m headwater.capture.jar

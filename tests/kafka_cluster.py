@@ -21,8 +21,7 @@ from pathlib import Path
 
 from headwater.deploy.kafka_server import KafkaServer, new_cluster_id
 from headwater.deploy.tools import kafka
-
-from .conftest import stop_process
+from tests.conftest import stop_process
 
 NODES = 3
 PORT, CONTROLLER_PORT = 9092, 9093  # each node has its own address, so all use the same ports

@@ -450,8 +450,7 @@ def event_env(spark, stack_config, workdir: Path, prefix: str, count: int, seed:
     from headwater.adapters.kafka import ensure_topics
     from headwater.capture import attach
     from headwater.demo import orders as demo_data
-
-    from .conftest import own_topics
+    from tests.conftest import own_topics
 
     config, tag = own_topics(stack_config, prefix)
     topic = f"{prefix}-events-{tag}"

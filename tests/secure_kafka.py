@@ -17,8 +17,7 @@ from headwater.core.config import Config
 from headwater.deploy.kafka_server import KafkaServer, java
 from headwater.deploy.stack import free_port
 from headwater.deploy.tools import kafka
-
-from .conftest import stop_process
+from tests.conftest import stop_process
 
 MECHANISM = "SCRAM-SHA-512"
 ADMIN, USER = "admin", "headwater"

@@ -1,0 +1,239 @@
+"""Compaction on Spark: its connected components against the numpy ones; its generations against brute force."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import random
+import shutil
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pytest
+from click.testing import CliRunner
+
+from bench.workload import chain_messages, lineage_messages
+from headwater.cli import main
+from headwater.indexer import metrics
+from headwater.indexer.compaction import COMPONENTS, CompactionBusy, compact
+from headwater.indexer.sets import components
+from headwater.indexer.shard import Shard
+from headwater.store.edges import shard_root
+from headwater.store.generation import Generation, compacted_root
+from tests.indexer.test_sets import random_lineage, reach
+from tests.indexer.test_shard import pairs
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("algorithm", sorted(COMPONENTS))
+def test_spark_components_equal_numpy_components(spark, algorithm):
+    from headwater.indexer.compaction import components as spark_components
+
+    for seed in range(3):
+        src, dst, _ = random_lineage(seed)
+        rng = np.random.default_rng(seed)
+        chain = rng.integers(-(1 << 62), 1 << 62, 40)  # a long path, the worst case for rounds
+        src = np.concatenate([src, chain[:-1]])
+        dst = np.concatenate([dst, chain[1:]])
+        df = spark.createDataFrame([(int(a), int(b)) for a, b in zip(src, dst)], "src long, dst long")
+        got = {r.rid: r.component for r in spark_components(df, algorithm=algorithm).collect()}
+        rids, labels = components(src, dst)
+        assert got == dict(zip(rids.tolist(), labels.tolist()))
+    # GraphX caches its graphs' vertices and edges (RDDs it names so); repeated compactions must not keep them.
+    cached = spark.sparkContext._jsc.getPersistentRDDs()
+    assert not [n for n in (str(cached.get(k).name()) for k in cached.keySet().toArray()) if "RDD" in n]
+
+
+def test_an_unknown_components_algorithm_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="expected one of large-star, graphx"):
+        compact(None, tmp_path, "t.edges", components="graphframes")  # before Spark is used
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--components", "pregel"],
+                                env={"HEADWATER_STORE_DIR": str(tmp_path)})
+    assert result.exit_code == 2 and "unknown components algorithm 'pregel'" in result.output
+
+
+@pytest.mark.spark
+def test_both_components_algorithms_compact_to_the_same_sets(spark, tmp_path):
+    # The bench workload (a hub split by Algorithm 3, components of small diameter) and chains of 100 rows, the
+    # case where GraphX needs a round per hop; each algorithm on its own copy of one store.
+    messages = list(lineage_messages(6_000, seed=8, edges_per_message=1000)) + list(chain_messages(3, 99, seed=9))
+    produced = write_shards(tmp_path / "store", "t.edges", messages)
+    mappings = {}
+    for algorithm in sorted(COMPONENTS):
+        shutil.copytree(tmp_path / "store", tmp_path / algorithm)
+        manifest = compact(spark, tmp_path / algorithm, "t.edges", threshold=400, buckets=4, components=algorithm)
+        assert manifest["components"] == algorithm and manifest["edges"] == len(produced)
+        rows = ds.dataset(Generation.current(tmp_path / algorithm, "t.edges").path / "rows").to_table()
+        mappings[algorithm] = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
+    first, *others = mappings.values()
+    assert all(other == first for other in others)
+    chain = [r for n, _ in messages[-99:] for r in n["rid"].to_pylist()]
+    assert len({first[r] for r in chain}) == 3 and len(set(first.values())) > 10  # 3 chains; the hub was split
+
+
+def write_shards(store_dir, topic: str, messages, partitions: int = 2, shards=None) -> list[tuple[int, int]]:
+    """The messages into ``partitions`` shards (or ``shards``, open), as the indexer writes them; returns the edges."""
+    shards = shards or [Shard(shard_root(store_dir, topic, p), topic, p).open() for p in range(partitions)]
+    produced = []
+    for i in range(0, len(messages), 3):
+        take = messages[i: i + 3]
+        shard = shards[(i // 3) % partitions]
+        nodes = pa.concat_tables([n for n, _ in take])
+        edges = pa.concat_tables([e for _, e in take])
+        shard.write(nodes, edges, shard.resume, shard.resume + len(take) - 1)
+        produced += list(zip(edges["src"].to_pylist(), edges["dst"].to_pylist()))
+    return produced
+
+
+def generation_edges(gen: Generation) -> pa.Table:
+    return gen.edges(pc.unique(ds.dataset(gen.path / "rows", format="parquet").to_table()["set"]).to_pylist())
+
+
+@pytest.mark.spark
+def test_compaction_sets_hold_every_lineage_across_shards(spark, tmp_path):
+    messages = list(lineage_messages(24_000, seed=5, edges_per_message=1000))
+    datasets = {r: d for n, _ in messages for r, d in zip(n["rid"].to_pylist(), n["dataset"].to_pylist())}
+    produced = write_shards(tmp_path, "t.edges", messages)
+    threshold = 400
+    before = metrics.COMPACTION_SECONDS._sum.get()
+    manifest = compact(spark, tmp_path, "t.edges", threshold=threshold, buckets=8)
+    assert metrics.COMPACTION_SECONDS._sum.get() > before
+
+    gen = Generation.current(tmp_path, "t.edges")
+    assert {**gen.manifest, "dropped_bytes": 0} == manifest and set(gen.covers()) == {0, 1}
+    rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
+    set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
+    assert len(set_of) == rows.num_rows == len(datasets)  # every row once
+    assert dict(zip(rows["rid"].to_pylist(), rows["dataset"].to_pylist())) == datasets
+    fields = ["kind", "topic", "partition", "offset", "key"]  # what lineage answers with
+    described = {r: v for n, _ in messages for r, *v in zip(*[n[c].to_pylist() for c in ["rid"] + fields])}
+    assert {r: v for r, *v in zip(*[rows[c].to_pylist() for c in ["rid"] + fields])} == described
+    assert any(v[2] is not None for v in described.values()) and any(v[4] is not None for v in described.values())
+    stored = generation_edges(gen)
+    assert sorted(pairs(stored)) == sorted(produced)
+    # Every edge lies in its dst's set, and names its src's.
+    assert stored["dst_set"].to_pylist() == [set_of[d] for d in stored["dst"].to_pylist()]
+    assert stored["src_set"].to_pylist() == [set_of[s] for s in stored["src"].to_pylist()]
+    members = defaultdict(set)
+    for r, s in set_of.items():
+        members[s].add(r)
+    assert all(s == min(m) and (len(m) <= threshold or len({datasets[r] for r in m}) == 1)
+               for s, m in members.items())
+    assert max(map(len, members.values())) == manifest["largest_set"] and len(members) == manifest["sets"]
+    assert len(members) > 10  # the one component the customers hub makes was split
+
+    check_lineage(gen, produced, sorted(set_of), random.Random(5))
+
+
+def check_lineage(gen: Generation, produced: list[tuple[int, int]], rows: list[int], rng: random.Random) -> None:
+    """For 40 random rows: the edges of the row's set and the sets it depends on (depending on it) are its lineage."""
+    up, down = defaultdict(set), defaultdict(set)
+    for a, b in produced:
+        up[b].add(a)
+        down[a].add(b)
+    for row in rng.sample(rows, 40):
+        for step, direction in ((up, "backward"), (down, "forward")):
+            sets = gen.related_sets({gen.set_of([row])[row]}, direction)
+            local = defaultdict(set)
+            for a, b in pairs(gen.edges(sets)):  # only those sets' buckets
+                (local[b].add(a) if direction == "backward" else local[a].add(b))
+            assert reach({row}, local) == reach({row}, step)
+
+
+@pytest.mark.spark
+def test_a_new_generation_replaces_the_current_one_whole(spark, tmp_path):
+    messages = list(lineage_messages(6_000, seed=6, edges_per_message=1000))
+    produced = write_shards(tmp_path, "t.edges", messages[:4])
+    compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    first = Generation.current(tmp_path, "t.edges")
+    produced += write_shards(tmp_path, "t.edges", messages[4:])  # the shards go on growing
+
+    root = compacted_root(tmp_path, "t.edges")
+    with open(root / ".lock", "w") as lock:  # a compaction is running
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(CompactionBusy):
+            compact(spark, tmp_path, "t.edges")
+    # A compaction that fails half-way (a shard file it cannot read) leaves the current generation as it was.
+    victim = Shard(shard_root(tmp_path, "t.edges", 1), "t.edges", 1).store.files()[-1]
+    good = victim.read_bytes()
+    victim.write_bytes(good[: len(good) // 2])
+    with pytest.raises(Exception):
+        compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    assert Generation.current(tmp_path, "t.edges").path == first.path
+    assert [p.name for p in root.glob("gen=*")] == [first.path.name]
+    victim.write_bytes(good)
+
+    compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    second = Generation.current(tmp_path, "t.edges")
+    assert second.manifest["generation"] == first.manifest["generation"] + 1
+    assert sorted(pairs(generation_edges(second))) == sorted(produced)
+    assert first.path.exists()  # kept for readers still in it, until the next switch
+    compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+    assert not first.path.exists() and second.path.exists()
+
+    # The same from the command line, in this process's Spark session.
+    env = {"HEADWATER_STORE_DIR": str(tmp_path), "HEADWATER_EDGES_TOPIC": "t.edges"}
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--buckets", "4"], env=env)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert printed["generation"] == second.manifest["generation"] + 2 and printed["edges"] == len(produced)
+    assert spark.range(1).count() == 1  # the session was left running
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--threshold", "0"], env=env)
+    assert result.exit_code == 2 and "at least 1" in result.output
+
+
+@pytest.mark.spark
+def test_compactions_build_on_the_last_generation_and_the_shards_shrink(spark, tmp_path):
+    topic = "t.edges"
+    messages = list(lineage_messages(27_000, seed=7, edges_per_message=1000))
+    shards = [Shard(shard_root(tmp_path, topic, p), topic, p).open() for p in range(2)]  # a running indexer's
+    produced = write_shards(tmp_path, topic, messages[:12], shards=shards)
+    first = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    assert first["dropped_bytes"] == 0  # no generation before it: the shards keep everything
+    assert {p: c["next"] for p, c in first["covers"].items()} == {"0": 6, "1": 6}
+
+    produced += write_shards(tmp_path, topic, messages[12:21], shards=shards)
+    indexed = [len(s.index.parent) for s in shards]
+    size = sum(s.store.size_bytes() for s in shards)
+    second = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    gen = Generation.current(tmp_path, topic)
+    assert sorted(pairs(generation_edges(gen))) == sorted(produced)  # the first generation and the new ranges
+    # The ranges the first generation holds (kept: a reader may be in it) are gone from the shards.
+    assert second["dropped_bytes"] > 0 and sum(s.store.size_bytes() for s in shards) < size
+    for shard in shards:
+        assert all(int(name.split("~")[3]) >= 6 for name in shard.store.committed())
+        reopened = Shard(shard.store.root, topic, shard.partition).open()
+        assert reopened.resume == shard.resume  # it resumes past what was dropped
+        rows = reopened.store.records("rows")
+        assert set(reopened.index.parent) >= set(rows["rid"].to_pylist())
+        assert len(reopened.index.parent) < len(shard.index.parent)
+
+    # The running indexer's shards forget the dropped ranges' rows at their next write.
+    produced += write_shards(tmp_path, topic, messages[21:27], shards=shards)
+    assert all(len(s.index.parent) < before for s, before in zip(shards, indexed))
+    third = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    gen = Generation.current(tmp_path, topic)
+    stored = generation_edges(gen)
+    assert sorted(pairs(stored)) == sorted(produced) and third["edges"] == len(produced)
+    rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
+    set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
+    assert len(set_of) == rows.num_rows  # each row once, though the shards recorded some twice
+    assert stored["dst_set"].to_pylist() == [set_of[d] for d in stored["dst"].to_pylist()]
+    check_lineage(gen, produced, sorted(set_of), random.Random(7))
+
+    # A shard set aside and rebuilt from its partition's start: its edges are not held twice.
+    root = shard_root(tmp_path, topic, 1)
+    root.rename(tmp_path / "aside")
+    rebuilt = Shard(root, topic, 1).open()
+    assert rebuilt.resume == 0
+    again = write_shards(tmp_path, topic, messages[3:6] + messages[9:12], shards=[rebuilt, rebuilt])
+    assert set(again) <= set(produced)
+    compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    assert sorted(pairs(generation_edges(Generation.current(tmp_path, topic)))) == sorted(produced)
+    # Dropping what a generation held, with no generation holding it now, is refused.
+    shutil.rmtree(compacted_root(tmp_path, topic))
+    with pytest.raises(RuntimeError, match="does not hold them"):
+        compact(spark, tmp_path, topic)
