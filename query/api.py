@@ -59,7 +59,7 @@ from .backend import (
     lineage_of,
     ordered,
 )
-from .datasets import Tables, names_table, shown
+from .datasets import Tables, display_names, names_table
 from .errors import LineageError, UnknownRow
 from .explain import Explainer, rids_path
 from .fallback import Fallback
@@ -175,7 +175,7 @@ class LineageClient:
         backend = self._backend(self.names[0])
         return narrower.narrow(box, batch, backend).summary()
 
-    def _holding(self, rid: int, backward: bool) -> tuple[WalkingBackend, StoreAccess]:
+    def _first_store_with(self, rid: int, backward: bool) -> tuple[WalkingBackend, StoreAccess]:
         """The first backend (of ``names``) whose store holds ``rid``, and a question walking from it there."""
         missed = []
         for name in self.names:
@@ -294,9 +294,10 @@ class LineageClient:
                            f"{', '.join(named[:MAX_NAMED])}{more}")
 
     @staticmethod
-    def _shown(answer: Answer) -> Answer:
-        """``answer`` with static tables named as people see them (``datasets.shown``), each row's table kept."""
-        names = shown([x.dataset for x in answer] + [u.get("dataset") for u in answer.unexplained])
+    def _with_display_names(answer: Answer) -> Answer:
+        """``answer`` with static tables named as people see them (``datasets.display_names``), each row's table
+        kept."""
+        names = display_names([x.dataset for x in answer] + [u.get("dataset") for u in answer.unexplained])
         if names:
             for item in answer:
                 if item.dataset in names:
@@ -390,7 +391,7 @@ class LineageClient:
                                             backward)
         self.placed_in_kafka(answer.records)
         self._explain(answer, asked, backward)
-        return self._shown(answer)
+        return self._with_display_names(answer)
 
     def _explain(self, answer: Answer, asked: dict | None, backward: bool) -> None:
         """Each record's ``operators`` and ``columns`` (``explain.py``), from the kept plans; a store whose plans
@@ -406,7 +407,7 @@ class LineageClient:
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
         try:
-            backend, question = self._holding(rid, backward)
+            backend, question = self._first_store_with(rid, backward)
         except UnknownRow as unknown:
             with self._inferring:
                 inferred = self._inferred(rid, to, payload, deadline) if backward else \
@@ -511,7 +512,7 @@ class LineageClient:
         to, via = self.target(to), self.target(via, "via")
         window = Window(since, until)
         deadline = time.monotonic() + self.timeout_s
-        backend, question = self._holding(rid, first_backward)
+        backend, question = self._first_store_with(rid, first_backward)
         outside = window.outside(backend)
         first, first_records = backend.walk([rid], depth, first_backward, max_reach=self.max_reach,
                                             deadline=deadline, outside=outside, question=question)
@@ -526,7 +527,7 @@ class LineageClient:
         answer = self._answer(backend, rid, ordered(found), legs, payload)
         # The second leg starts from the via rows: backward, the paths end at them, each of the query that made it.
         self._explain(answer, None, not first_backward)
-        return self._shown(answer)
+        return self._with_display_names(answer)
 
     def _answer(self, backend: WalkingBackend, rid: int, found: list[Lineage], legs: list, payload: bool) -> Answer:
         crossed = set().union(*(walked.crossed for walked, _, _ in legs))

@@ -61,7 +61,7 @@ def _ends_with(table: str, end: str) -> bool:
     return end in (body, table) or body.endswith(end) and _BOUNDARY.match(body[-len(end) - 1]) is not None
 
 
-def shown(datasets: Iterable[str | None]) -> dict[str, str]:
+def display_names(datasets: Iterable[str | None]) -> dict[str, str]:
     """The name to show for each static table's dataset among ``datasets`` (others are left out)."""
     tables: dict[str, str] = {}  # dataset -> its table
     for dataset in datasets:
@@ -109,7 +109,7 @@ class Tables:
         ``LineageError`` if it names several, with the names that tell them apart."""
         found = [d for d, p in self.described.items() if names_table(name, d, p.get("short_name"))]
         if len(found) > 1:
-            apart = shown(found)
+            apart = display_names(found)
             raise LineageError(f"{len(found)} static tables are called {name!r}: name one of "
                                f"{', '.join(sorted(apart[d] for d in found))}")
         return found[0] if found else None

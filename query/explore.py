@@ -17,7 +17,7 @@ from headwater.store.batch_log import BatchLog
 
 from .errors import LineageError
 from .explain import Explainer
-from .question import shown as _shown
+from .question import quoted
 
 
 class NotFound(LineageError):
@@ -64,7 +64,7 @@ class Explorer:
             described = next((q for q in self._explainer.queries() if q["name"] == name), None)
             batches = log.batches(name)
             if described is None and not batches:
-                raise NotFound(f"no query {_shown(name)} in the batch log or the plans")
+                raise NotFound(f"no query {quoted(name)} in the batch log or the plans")
             statuses = log.statuses((name, b) for b in batches)
             gaps = [{"query": name, "batch": b, "status": statuses[name, b]} for b in batches
                     if statuses[name, b] != "full"]
@@ -80,7 +80,7 @@ class Explorer:
         with self._logs:
             record = self._log().batch(query, batch)
         if record is None:
-            raise NotFound(f"batch {batch} of {_shown(query)} is not in the batch log")
+            raise NotFound(f"batch {batch} of {quoted(query)} is not in the batch log")
         rows, note = _sink_rows(record.get("sink_files"), limit + 1)
         read = [{"topic": topic, "partition": partition, "first": start, "last": end - 1}
                 for (topic, partition), (start, end) in sorted(offset_ranges(record.get("sources") or []).items())]
@@ -101,7 +101,7 @@ class Explorer:
         with self._logs:
             sinks = sorted({q["sink"] for q in self._explainer.queries() if q["sink"]})
         if str(chosen.sink) not in sinks:
-            raise LineageError(f"{_shown(dataset)} is not the sink of a traced query; the sinks are: "
+            raise LineageError(f"{quoted(dataset)} is not the sink of a traced query; the sinks are: "
                                f"{', '.join(sinks) or 'none yet'}")
         found = chosen.select(limit=limit, fallback=False)
         return {"dataset": str(chosen.sink), "where": where, "rids": found.rids}

@@ -36,7 +36,7 @@ def cut(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def shown(text: str) -> str:
+def quoted(text: str) -> str:
     return repr(cut(text))
 
 
@@ -121,7 +121,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
 def read_rid(text: str) -> int:
     if _INTEGER.fullmatch(text) and int(text) in INT64:
         return int(text)
-    raise LineageError(f"a rid is a signed 64-bit integer, not {shown(text)}")
+    raise LineageError(f"a rid is a signed 64-bit integer, not {quoted(text)}")
 
 
 def read_depth(text: str) -> int:
@@ -135,19 +135,19 @@ def read_cols(text: str) -> int:
     except ValueError:
         mask = 0
     if not mask or mask not in INT64:
-        raise LineageError(f"cols is a non-zero 64-bit mask of columns (e.g. 5 or 0b101), not {shown(text)}")
+        raise LineageError(f"cols is a non-zero 64-bit mask of columns (e.g. 5 or 0b101), not {quoted(text)}")
     return mask
 
 
 def read_paths(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,3}", text) or int(text) > MAX_PATHS:
-        raise LineageError(f"paths is how many paths to keep per row, 0 to {MAX_PATHS}, not {shown(text)}")
+        raise LineageError(f"paths is how many paths to keep per row, 0 to {MAX_PATHS}, not {quoted(text)}")
     return int(text)
 
 
 def read_payload(text: str) -> bool:
     if text not in ("true", "false"):
-        raise LineageError(f"payload is true or false, not {shown(text)}")
+        raise LineageError(f"payload is true or false, not {quoted(text)}")
     return text == "true"
 
 

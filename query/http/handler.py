@@ -24,7 +24,7 @@ from headwater.adapters.kafka import BrokerUnavailable, KafkaSourceError
 from .. import metrics as query_metrics
 from ..errors import LineageError, UnknownRow
 from ..explore import NotFound
-from ..question import shown as _shown
+from ..question import quoted
 from .routes import Route, parse_query
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _not_allowed(self) -> None:
         self._reply(HTTPStatus.METHOD_NOT_ALLOWED,
-                    {"error": f"{_shown(self.command)} is not allowed: the API is read-only (GET)"}, {"Allow": "GET"})
+                    {"error": f"{quoted(self.command)} is not allowed: the API is read-only (GET)"}, {"Allow": "GET"})
 
     def _authorized(self) -> bool:
         token = self.server.token

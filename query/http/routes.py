@@ -16,8 +16,18 @@ from urllib.parse import parse_qsl
 from .. import api
 from ..address import SOURCE_FORMS, checked_source
 from ..errors import LineageError
-from ..question import MAX_DEPTH, MAX_PATHS, READS, Question, read_cols, read_depth, read_paths, read_payload, read_rid
-from ..question import shown as _shown
+from ..question import (
+    MAX_DEPTH,
+    MAX_PATHS,
+    READS,
+    Question,
+    quoted,
+    read_cols,
+    read_depth,
+    read_paths,
+    read_payload,
+    read_rid,
+)
 from ..where import MAX_SELECTED
 
 MAX_PARAMETERS = 16
@@ -26,37 +36,37 @@ MAX_LIMIT = 10_000  # the most batches, rows or rids an explorer route answers w
 
 def _backend(text: str) -> str:
     if text not in api.choices():
-        raise LineageError(f"backend is one of {', '.join(api.choices())}, not {_shown(text)}")
+        raise LineageError(f"backend is one of {', '.join(api.choices())}, not {quoted(text)}")
     return text
 
 
 def _name(text: str) -> str:
     if len(text) > 256 or not text.isprintable():
-        raise LineageError(f"a query's name is at most 256 printable characters, not {_shown(text)}")
+        raise LineageError(f"a query's name is at most 256 printable characters, not {quoted(text)}")
     return text
 
 
 def _batch(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,19}", text) or int(text) >= 1 << 63:
-        raise LineageError(f"batch is a batch id, a non-negative 64-bit integer, not {_shown(text)}")
+        raise LineageError(f"batch is a batch id, a non-negative 64-bit integer, not {quoted(text)}")
     return int(text)
 
 
 def _limit(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= MAX_LIMIT:
-        raise LineageError(f"limit is from 1 to {MAX_LIMIT}, not {_shown(text)}")
+        raise LineageError(f"limit is from 1 to {MAX_LIMIT}, not {quoted(text)}")
     return int(text)
 
 
 def _selected(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= MAX_SELECTED:
-        raise LineageError(f"limit is from 1 to {MAX_SELECTED}, not {_shown(text)}")
+        raise LineageError(f"limit is from 1 to {MAX_SELECTED}, not {quoted(text)}")
     return int(text)
 
 
 def _dataset(text: str) -> str:
     if len(text) > 4096 or not text.isprintable():
-        raise LineageError(f"dataset is a sink as lineage names it (parquet:PATH, …), not {_shown(text)}")
+        raise LineageError(f"dataset is a sink as lineage names it (parquet:PATH, …), not {quoted(text)}")
     return text
 
 
@@ -177,7 +187,7 @@ def parse_query(route: Route, query: str) -> tuple[str | None, int | str | None,
     given: dict[str, str] = {}
     for name, text in pairs:
         if name not in known:
-            raise LineageError(f"unknown parameter {_shown(name)}; known: {', '.join(known) or 'none'}")
+            raise LineageError(f"unknown parameter {quoted(name)}; known: {', '.join(known) or 'none'}")
         if name in given:
             raise LineageError(f"parameter {name} given more than once")
         if not text:

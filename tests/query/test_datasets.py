@@ -6,7 +6,7 @@ import pytest
 
 from headwater.core.rid import table_dataset, table_rid
 from headwater.query.address import parse_source
-from headwater.query.datasets import Tables, names_table, short_name, shown
+from headwater.query.datasets import Tables, display_names, names_table, short_name
 from headwater.query.errors import LineageError
 
 V1 = table_dataset("file:/data/v1/sites.parquet")
@@ -19,14 +19,14 @@ JOINED = table_dataset("file:/d/a.parquet,file:/d/b")
 
 def test_a_table_is_shown_by_its_short_name_unless_an_answer_holds_another_of_that_name():
     assert [short_name(d) for d in (V1, PROD, LOCAL, JOINED)] == ["sites", "customers", "customers", "a+b"]
-    assert shown([V1, "kafka:orders", None, "parquet:/sink"]) == {V1: "sites"}
-    assert shown([V1, V2, V1]) == {V1: "sites@v1/sites.parquet", V2: "sites@v2/sites.parquet"}
-    assert shown([PROD, STAGING, LOCAL]) == {PROD: "customers@prod.customers",
+    assert display_names([V1, "kafka:orders", None, "parquet:/sink"]) == {V1: "sites"}
+    assert display_names([V1, V2, V1]) == {V1: "sites@v1/sites.parquet", V2: "sites@v2/sites.parquet"}
+    assert display_names([PROD, STAGING, LOCAL]) == {PROD: "customers@prod.customers",
                                              STAGING: "customers@staging.customers",
                                              LOCAL: "customers@customers#4"}
     # A path that ends another one's is told apart by its whole identity.
     deeper = table_dataset("file:/x/data/v1/sites.parquet")
-    names = shown([V1, deeper])
+    names = display_names([V1, deeper])
     assert names == {V1: "sites@file:/data/v1/sites.parquet", deeper: "sites@x/data/v1/sites.parquet"}
     assert Tables({V1: {}, deeper: {}}).split(f"{names[V1]}:s0") == (V1, "s0")
     assert Tables({V1: {}, deeper: {}}).split(f"{names[deeper]}:s0") == (deeper, "s0")
