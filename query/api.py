@@ -421,7 +421,7 @@ class LineageClient:
                     raise UnknownRow(self._never_read(row, rid, unknown)) from None
                 return inferred, self._inferred_row(rid, inferred, backward, deadline)
         if backend.narrower is not None:
-            backend.narrower.take_seen()  # what an earlier question left, had it failed half-way
+            backend.narrower.pop_narrowings_met()  # what an earlier question left, had it failed half-way
         walked, records = backend.walk([rid], depth, backward, cols if backward else None, paths, self.max_reach,
                                        deadline, window.outside(backend), question=question)
         found = lineage_of(rid, walked.found, records, to, None if backward else cols, bool(paths))
@@ -544,7 +544,7 @@ class LineageClient:
                         unexplained[row] = {"rid": row, "kind": record.get("kind"), "dataset": record.get("dataset")}
         if payload:
             found = self.with_payload(found, backend)
-        narrowed = backend.narrower.take_seen() if backend.narrower is not None else []
+        narrowed = backend.narrower.pop_narrowings_met() if backend.narrower is not None else []
         return Answer(rid, found, gaps, [unexplained[r] for r in sorted(unexplained)], narrowed=narrowed)
 
 

@@ -198,18 +198,18 @@ class Narrower:
         self._locks: dict[tuple[str, int, int], threading.Lock] = {}  # one narrowing of a batch at a time
         self._locking = threading.Lock()
         self._failed: dict[tuple[str, int, int], tuple[float, Narrowing]] = {}  # not kept: tried again later
-        self._seen = threading.local()  # per thread (a question): the narrowings its walks met
+        self._met = threading.local()  # per thread (a question): the narrowings its walks met
 
     @property
-    def seen(self) -> dict[tuple[str, int, int], Narrowing]:
-        if not hasattr(self._seen, "found"):
-            self._seen.found = {}
-        return self._seen.found
+    def narrowings_met(self) -> dict[tuple[str, int, int], Narrowing]:
+        if not hasattr(self._met, "found"):
+            self._met.found = {}
+        return self._met.found
 
-    def take_seen(self) -> list[dict]:
+    def pop_narrowings_met(self) -> list[dict]:
         """The narrowings this thread's walks met since the last call, as an answer's summary lists them."""
-        found = [n.summary() for _, n in sorted(self.seen.items())]
-        self._seen.found = {}
+        found = [n.summary() for _, n in sorted(self.narrowings_met.items())]
+        self._met.found = {}
         return found
 
     # What the plan log says ------------------------------------------------------------------------
@@ -252,7 +252,7 @@ class Narrower:
                 elif found is None:
                     found = self.narrow(box, batch, backend)
         if found is not None:
-            self.seen[key] = found
+            self.narrowings_met[key] = found
         return found
 
     def narrow(self, box: Box, batch: int, backend) -> Narrowing:
@@ -432,7 +432,7 @@ class Narrower:
                         stateful_from.add((query, op, src))
                         for narrowing in self.store.of_box(box.query, box.op):
                             if narrowing.narrowed and narrowing.batch >= batch:
-                                self.seen[(box.query, box.op, narrowing.batch)] = narrowing
+                                self.narrowings_met[(box.query, box.op, narrowing.batch)] = narrowing
                                 added.extend(_narrowed(narrowing, src, by="src"))
                     continue
                 if narrowing is not None and narrowing.narrowed:
