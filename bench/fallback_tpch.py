@@ -87,9 +87,9 @@ def main() -> int:
 
     from headwater.adapters.spark import spark_session
     from headwater.capture.spark_plan import optimized_records
-    from headwater.query.infer.operators import build
     from headwater.query.infer.precise import plan_saves, save, trace
     from headwater.query.infer.refine import infer, prepare
+    from headwater.spark.operators import build
 
     wanted = [int(q) for q in args.queries.split(",")]
     spark = spark_session("headwater-fallback-tpch", **{"spark.sql.shuffle.partitions": "2"})

@@ -18,10 +18,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import ArrayType, MapType, StructType
 
-from headwater.adapters.table_files import TableUnreadable, table_version
 from headwater.core import rid as rids
 from headwater.core.plan import column_masks, location_key
 from headwater.core.schema import LOG_BATCH
+from headwater.spark.table_files import TableUnreadable, table_version
 
 from . import metrics
 from .batch_errors import for_the_stream

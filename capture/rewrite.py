@@ -40,7 +40,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, _parse_datatype_json_string
 
 from headwater.core import rid as rids
-from headwater.core.plan import STATEFUL_BLACK_BOXES, PlanNode, column_masks, state_dataset
+from headwater.core.plan import PlanNode, column_masks, state_dataset
+from headwater.spark.catalyst import STATEFUL_BLACK_BOXES
 
 from .spark_plan import Jvm, analyzed, digested, plan_ir, preorder, python_function, session_jvm
 

@@ -181,7 +181,7 @@ def plan_ir(df: DataFrame) -> tuple[PlanNode, list]:
 
 
 def plan_records(plan) -> list[dict]:
-    """A JVM plan as the records the log-only fallback reads (``headwater.query.infer.operators``):
+    """A JVM plan as the records the log-only fallback reads (``headwater.spark.operators``):
     pre-order raw nodes, each with the records of the scalar subqueries its expressions hold."""
     records = []
     for node in preorder(plan):

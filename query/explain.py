@@ -57,12 +57,15 @@ from typing import TYPE_CHECKING, TypedDict
 from headwater.core import rid as rids
 from headwater.core.offsets import partition_offsets
 from headwater.core.plan import state_dataset
+from headwater.spark.catalyst import simple_name
+from headwater.spark.plan_json import expand_column, expr_id_or_none, flat_tree_or_none, named_expressions
 from headwater.store.plans import PlanStore
 
 if TYPE_CHECKING:
     from headwater.store.batch_log import BatchLog
 
-# Operator kinds, from the IR's (``plan._KINDS``): what ``operators`` gives as ``kind``.
+# Operator kinds, one for each of the IR's (``headwater.spark.catalyst.KINDS``): what ``operators`` gives as
+# ``kind``.
 KINDS = {
     "Source": "source", "Project": "project", "Filter": "filter", "Join": "join", "Aggregate": "aggregate",
     "Window": "window function", "Generate": "generate", "Union": "union", "Deduplicate": "deduplicate",
@@ -101,21 +104,9 @@ def _interval(text: str) -> str:
     return re.sub(r"\b([a-z]+)\b", lambda m: short.get(m.group(1), m.group(1)), text.strip())
 
 
-def _tree(flat: list) -> dict | None:
-    """One of Spark's flattened expressions (pre-order, ``num-children`` each) as nested ``{"node", "children"}``."""
-    position = 0
-
-    def take():
-        nonlocal position
-        node = flat[position]
-        position += 1
-        count = node.get("num-children", 0) if isinstance(node, dict) else 0
-        return {"node": node, "children": [take() for _ in range(count)]}
-
-    try:
-        return take() if flat else None
-    except (IndexError, AttributeError):
-        return None
+def _tree(flat: list | None) -> dict | None:
+    """One of Spark's flattened expressions as nested ``{"node", "children"}``; None where it cannot be read."""
+    return flat_tree_or_none(flat, lambda node, children: {"node": node, "children": children})
 
 
 def _walk(tree: dict | None):
@@ -130,13 +121,7 @@ def _walk(tree: dict | None):
 
 def _cls(item: dict) -> str:
     node = item["node"]
-    return node.get("class", "").rsplit(".", 1)[-1] if isinstance(node, dict) else ""
-
-
-def _expr_id(node) -> int | None:
-    if isinstance(node, dict) and isinstance(node.get("exprId"), dict):
-        return node["exprId"].get("id")
-    return None
+    return simple_name(node.get("class", "")) if isinstance(node, dict) else ""
 
 
 def _window_size(expressions: list[dict]) -> str | None:
@@ -185,15 +170,15 @@ class _Optimized:
         found = []
         for record in self.records:
             fields = record.get("fields") or {}
-            for listed in fields.get("projectList", []) + fields.get("aggregateExpressions", []):
-                tree = _tree(listed)
-                if tree and _cls(tree) == "Alias" and _expr_id(tree["node"]) == expr_id and tree["children"]:
+            for named in named_expressions(fields):
+                tree = _tree(named)
+                if tree and _cls(tree) == "Alias" and expr_id_or_none(tree["node"]) == expr_id and tree["children"]:
                     found.append(tree["children"][0])
             if record.get("spark_class") == "Expand":
                 ids = [a.get("expr_id") for a in record.get("output", [])]
                 if expr_id in ids:
-                    column = ids.index(expr_id)
-                    found += [t for p in fields.get("projections", []) if column < len(p) and (t := _tree(p[column]))]
+                    found += [tree for e in expand_column(fields.get("projections", []), ids.index(expr_id))
+                              if (tree := _tree(e))]
         return found
 
 
@@ -387,20 +372,20 @@ class Plan:
             grouping = set()
             for listed in found.get("groupingExpressions", []):
                 tree = _tree(listed)
-                grouping |= {_expr_id(i["node"]) for i in _walk(tree)} - {None}
+                grouping |= {expr_id_or_none(i["node"]) for i in _walk(tree)} - {None}
             for listed in found.get("aggregateExpressions", []):
                 tree = _tree(listed)
                 if tree is None:
                     continue
-                if _cls(tree) == "AttributeReference" and _expr_id(tree["node"]) in grouping:
-                    keys.append((tree["node"].get("name"), _expr_id(tree["node"]), _type(tree["node"])))
+                if _cls(tree) == "AttributeReference" and expr_id_or_none(tree["node"]) in grouping:
+                    keys.append((tree["node"].get("name"), expr_id_or_none(tree["node"]), _type(tree["node"])))
                 elif _cls(tree) == "Alias" and tree["children"] and not any(
                         _cls(i).endswith("AggregateExpression") for i in _walk(tree)):
                     child = tree["children"][0]
                     if _cls(child) == "AttributeReference":  # a grouping column renamed: ``window(…).alias("w")``
-                        keys.append((tree["node"].get("name"), _expr_id(child["node"]), _type(child["node"])))
+                        keys.append((tree["node"].get("name"), expr_id_or_none(child["node"]), _type(child["node"])))
                     else:
-                        keys.append((tree["node"].get("name"), _expr_id(tree["node"]), ""))
+                        keys.append((tree["node"].get("name"), expr_id_or_none(tree["node"]), ""))
         else:  # no optimized plan: the columns an aggregate passes through are its grouping columns
             keys = [(a[0], a[1], a[2]) for a in output if str(a[1]) not in derived]
         by = []

@@ -138,7 +138,7 @@ def _sink_rows(files: list[str] | None, limit: int) -> tuple[list[dict], str | N
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from headwater.adapters.table_files import uri_path
+    from headwater.spark.table_files import uri_path
 
     if not files:
         return [], "the batch log lists no sink files for this batch (not a file sink, or it wrote none)"

@@ -35,7 +35,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from headwater.adapters.table_files import (
+from headwater.core import rid as rids
+from headwater.core.config import Config
+from headwater.core.offsets import offset_ranges
+from headwater.core.plan import location_key
+from headwater.spark.operators import Plan, Relation, build
+from headwater.spark.table_files import (
     TableUnreadable,
     local_path,
     read_table,
@@ -43,16 +48,11 @@ from headwater.adapters.table_files import (
     table_version,
     uri_path,
 )
-from headwater.core import rid as rids
-from headwater.core.config import Config
-from headwater.core.offsets import offset_ranges
-from headwater.core.plan import location_key
 from headwater.store.batch_log import BatchLog
 from headwater.store.plans import PlanStore
 
 from .backend import Lineage
 from .errors import LineageError
-from .infer.operators import Plan, Relation, build
 from .infer.refine import Inferred, Prepared, infer, prepare
 
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")

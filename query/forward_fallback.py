@@ -34,13 +34,24 @@ import pyarrow as pa
 
 from headwater.core import rid as rids
 from headwater.core.offsets import offset_ranges
-from headwater.core.plan import STATEFUL_BLACK_BOXES
+from headwater.spark.catalyst import STATEFUL_BLACK_BOXES
+from headwater.spark.operators import (
+    Aggregate,
+    Deduplicate,
+    Join,
+    Limit,
+    Op,
+    Plan,
+    Relation,
+    Unknown,
+    Window,
+    WindowGroupLimit,
+)
 
 from .backend import Gap, Lineage
 from .errors import LineageError
 from .fallback import Fallback, static_source
 from .infer.evaluate import Unevaluable, value_key
-from .infer.operators import Aggregate, Deduplicate, Join, Limit, Op, Plan, Relation, Unknown, Window, WindowGroupLimit
 from .infer.run import LINEAGE, Running
 
 REPLAYS_KEPT = 4  # batches whose replay is kept: questions about one batch's rows often come together

@@ -13,10 +13,10 @@ from pathlib import Path
 from kafka.errors import KafkaError
 
 from headwater.adapters.kafka import BrokerUnavailable, Kafka, KafkaSourceError, config_of, consumer, record_at
-from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version, uri_path
-from headwater.adapters.table_files.listing import data_files
 from headwater.core import rid as rids
 from headwater.core.rid import KEY_SEPARATOR
+from headwater.spark.table_files import TableUnreadable, local_path, read_table, table_version, uri_path
+from headwater.spark.table_files.listing import data_files
 
 from .backend import Lineage
 from .errors import LineageError
@@ -146,7 +146,7 @@ def sink_files(sink: str, batches: dict[int, list[str] | None]) -> list[str]:
     """The files of file sink ``sink`` (``parquet:PATH``…) the batches wrote: each batch's as its log entry
     lists them (``batches``: batch → ``sink_files``, None if not logged), else as the sink's own
     ``_spark_metadata`` log does."""
-    from headwater.adapters.table_files import sink_batch_files
+    from headwater.spark.table_files import sink_batch_files
 
     root = local_path(sink.partition(":")[2])
     found: set[str] = set()

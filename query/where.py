@@ -17,7 +17,7 @@ functions of ``FUNCTIONS`` (``reflect``, ``java_method``, ``input_file_name``, U
 every reader of files are refused).
 
 ``Where.select`` then reads a local Parquet, ORC or JSON sink as Spark reads it (the files
-its ``_spark_metadata`` log committed, ``headwater.adapters.table_files``) and evaluates
+its ``_spark_metadata`` log committed, ``headwater.spark.table_files``) and evaluates
 the predicate with pyarrow, with Spark's types, coercions and NULL logic, and returns the
 distinct ``_hw_rid`` of the rows it holds for. What it cannot evaluate exactly as Spark
 would (``_Unsupported``: a table sink, a remote or globbed path, a column of a date,
@@ -149,7 +149,7 @@ def _read(sink: Sink, tree):
     """The sink's rid column and the columns the predicate names, as Spark reads them; and their Spark types."""
     from sqlglot import exp
 
-    from headwater.adapters import table_files as tf
+    from headwater.spark import table_files as tf
 
     if sink.kind not in READABLE:
         raise _Unsupported(f"a {sink.kind} sink is read by Spark")

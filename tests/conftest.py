@@ -97,7 +97,7 @@ def local_file(path: str) -> str:
     """A file's local path, resolved, whether Spark names it as a URI (escaped) or not."""
     from pathlib import Path
 
-    from headwater.adapters.table_files import uri_path
+    from headwater.spark.table_files import uri_path
 
     return str(Path(uri_path(path)).resolve())
 

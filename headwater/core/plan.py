@@ -3,7 +3,9 @@
 Built from plain records, one per Spark plan node in pre-order (see ``RawNode``), which
 the Spark adapter (``headwater.capture.spark_plan``) reads off the JVM plan. Attribute
 identity is Spark's exprId, never a column name. The same tree drives rid threading,
-attribute masks, the plan log and, later, the log-only fallback.
+attribute masks, the plan log and, later, the log-only fallback. Spark's classes are sorted
+into the IR's kinds by ``headwater.spark.catalyst``; each record's plan JSON is read through
+``headwater.spark.plan_json``.
 
 A maximal subtree that reads no stream is one ``Source`` of kind ``static``: its rows
 are dimension rows, whatever Spark does inside it.
@@ -16,47 +18,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, TypedDict
 
-# Spark logical plan classes (simple names) by IR kind.
-_KINDS = {
-    "Source": {
-        "StreamingRelationV2", "StreamingRelation", "StreamingExecutionRelation",
-        "StreamingDataSourceV2Relation", "LogicalRelation", "LocalRelation", "LogicalRDD",
-        "DataSourceV2Relation", "HiveTableRelation", "Range", "OneRowRelation",
-    },
-    "Project": {"Project"},
-    "Filter": {"Filter"},
-    "Join": {"Join"},
-    "Alias": {"SubqueryAlias", "View"},
-    "Aggregate": {"Aggregate"},
-    "Window": {"Window"},
-    "Generate": {"Generate"},
-    "Union": {"Union"},
-    "Deduplicate": {"Deduplicate", "DeduplicateWithinWatermark"},
-    "Distinct": {"Distinct"},
-    "Expand": {"Expand"},
-    "EventTimeWatermark": {"EventTimeWatermark", "UpdateEventTimeWatermarkColumn"},
-    "Repartition": {"Repartition", "RepartitionByExpression", "RebalancePartitions"},
-    "Sort": {"Sort"},
-    "Limit": {"GlobalLimit", "LocalLimit", "Offset"},
-    "Sample": {"Sample"},
-    "Observe": {"CollectMetrics"},
-    "Hint": {"ResolvedHint"},
-    "Sequence": {"AttachDistributedSequence"},
-    "LateralJoin": {"LateralJoin"},
-    "SetOperation": {"Except", "Intersect"},
-    "BlackBox": {
-        "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas", "FlatMapGroupsInArrow",
-        "FlatMapGroupsInPandasWithState", "FlatMapCoGroupsInPandas", "FlatMapCoGroupsInArrow", "MapPartitions",
-        "TransformWithState", "TransformWithStateInPandas", "TransformWithStateInPySpark",
-    },
-}
-_KIND_OF = {cls: kind for kind, classes in _KINDS.items() for cls in classes}
-# Black boxes that keep state across micro-batches: an output may derive from any
-# input the operator ever read, not only from its own batch's.
-STATEFUL_BLACK_BOXES = {
-    "FlatMapGroupsWithState", "FlatMapGroupsInPandasWithState", "TransformWithState", "TransformWithStateInPandas",
-    "TransformWithStateInPySpark",
-}
+from headwater.spark.catalyst import STATEFUL_BLACK_BOXES, join_type, kind_of
+from headwater.spark.plan_json import (
+    EXPR_ID,
+    aliases,
+    attribute_ids,
+    expand_column,
+    expr_id,
+    named_expressions,
+    plan_tree,
+)
 
 
 def state_dataset(spark_class: str, node_id: int) -> str:
@@ -129,21 +100,6 @@ class PlanNode:
         }
 
 
-def _expr_ids(flat_expr: list) -> set[int]:
-    """exprIds of the attributes a flattened Spark expression reads."""
-    return {
-        e["exprId"]["id"]
-        for e in flat_expr or ()  # Spark's JSON gives null for an expression it cannot write (unpivot's)
-        if isinstance(e, dict) and e.get("class", "").endswith(".AttributeReference")
-    }
-
-
-def _join_type(fields: dict) -> str:
-    jt = fields.get("joinType")
-    name = jt.get("object", "") if isinstance(jt, dict) else str(jt)
-    return name.rsplit(".", 1)[-1].rstrip("$").lower().replace("join", "") or "unknown"
-
-
 def _alias_name(fields: dict) -> str | None:
     ident = fields.get("identifier")
     if isinstance(ident, dict):
@@ -156,67 +112,52 @@ def _alias_name(fields: dict) -> str | None:
 
 def build(raw: list[RawNode]) -> PlanNode:
     """The IR of a plan given as its pre-order list of raw nodes."""
-    position = 0
-    next_id = 0
+    return _fold_static(plan_tree(raw, _plan_node))
 
-    def take() -> PlanNode:
-        nonlocal position, next_id
-        if position >= len(raw):
-            raise ValueError("plan records end inside the tree (a node has fewer children than it says)")
-        node = raw[position]
-        position += 1
-        node_id = next_id
-        next_id += 1
-        children = [take() for _ in range(node["num_children"])]
-        cls = node["spark_class"]
-        kind = _KIND_OF.get(cls, "Unknown")
-        detail: dict = {}
-        fields = node["fields"]
-        if kind in ("Project", "Aggregate"):
-            listed = fields.get("projectList" if kind == "Project" else "aggregateExpressions", [])
-            detail["derives"] = {
-                str(expr[0]["exprId"]["id"]): sorted(_expr_ids(expr[1:]))
-                for expr in listed
-                if expr and expr[0].get("class", "").endswith(".Alias")
-            }
-        elif kind == "Generate":
-            reads = sorted(_expr_ids(fields.get("generator", [])))
-            detail["derives"] = {str(a["exprId"]["id"]): reads
-                                 for out in fields.get("generatorOutput", []) for a in out}
-        elif kind == "Expand":
-            # Output column i of an Expand is, row by row, column i of one of its projections.
-            projections = fields.get("projections", [])
-            detail["derives"] = {
-                str(a["expr_id"]): sorted(set().union(*(_expr_ids(p[i]) for p in projections if i < len(p))))
-                for i, a in enumerate(node["output"])
-            }
-        elif kind == "Union":
-            # Union is positional: output column i is, row by row, column i of one branch.
-            detail["derives"] = {
-                str(a["expr_id"]): sorted({c.output[i].expr_id for c in children if i < len(c.output)})
-                for i, a in enumerate(node["output"])
-            }
-        elif kind in ("Join", "LateralJoin"):
-            detail["join_type"] = _join_type(fields)
-            if kind == "LateralJoin":  # the subquery's columns are computed from the outer row's it reads
-                outer = sorted(_expr_ids(fields.get("right", [])))
-                kept = {a.expr_id for a in children[0].output}
-                detail["derives"] = {str(a["expr_id"]): outer for a in node["output"] if a["expr_id"] not in kept}
-        elif kind == "Alias":
-            detail["name"] = _alias_name(fields)
-        elif kind == "Source":
-            detail["location"] = node.get("location")
-            if isinstance(fields.get("sourceName"), str):
-                detail["provider"] = fields["sourceName"]
-        elif kind == "Unknown" and fields.get("class"):
-            detail["spark_class_name"] = fields["class"]
-        output = [Attr(a["name"], a["expr_id"], a["dtype"]) for a in node["output"]]
-        return PlanNode(node_id, kind, cls, node["streaming"], output, children, detail)
 
-    root = take()
-    if position != len(raw):
-        raise ValueError(f"plan records do not form one tree ({len(raw) - position} left over)")
-    return _fold_static(root)
+def _plan_node(node_id: int, node: RawNode, children: list[PlanNode]) -> PlanNode:
+    """The IR node of one raw node, its children built; ``node_id``: its place in pre-order."""
+    cls = node["spark_class"]
+    kind = kind_of(cls)
+    detail: dict = {}
+    fields = node["fields"]
+    if kind in ("Project", "Aggregate"):
+        detail["derives"] = {
+            str(expr_id(alias)): sorted(attribute_ids(named))
+            for alias, named in aliases(named_expressions(fields))
+        }
+    elif kind == "Generate":
+        reads = sorted(attribute_ids(fields.get("generator", [])))
+        detail["derives"] = {str(expr_id(a)): reads for out in fields.get("generatorOutput", []) for a in out}
+    elif kind == "Expand":
+        projections = fields.get("projections", [])
+        detail["derives"] = {
+            str(a["expr_id"]): sorted(set().union(*map(attribute_ids, expand_column(projections, i))))
+            for i, a in enumerate(node["output"])
+        }
+    elif kind == "Union":
+        # Union is positional: output column i is, row by row, column i of one branch.
+        detail["derives"] = {
+            str(a["expr_id"]): sorted({c.output[i].expr_id for c in children if i < len(c.output)})
+            for i, a in enumerate(node["output"])
+        }
+    elif kind in ("Join", "LateralJoin"):
+        # "none" for a record without a join type: what the IR has always said of one.
+        detail["join_type"] = join_type(fields, missing="none")
+        if kind == "LateralJoin":  # the subquery's columns are computed from the outer row's it reads
+            outer = sorted(attribute_ids(fields.get("right", [])))
+            kept = {a.expr_id for a in children[0].output}
+            detail["derives"] = {str(a["expr_id"]): outer for a in node["output"] if a["expr_id"] not in kept}
+    elif kind == "Alias":
+        detail["name"] = _alias_name(fields)
+    elif kind == "Source":
+        detail["location"] = node.get("location")
+        if isinstance(fields.get("sourceName"), str):
+            detail["provider"] = fields["sourceName"]
+    elif kind == "Unknown" and fields.get("class"):
+        detail["spark_class_name"] = fields["class"]
+    output = [Attr(a["name"], a["expr_id"], a["dtype"]) for a in node["output"]]
+    return PlanNode(node_id, kind, cls, node["streaming"], output, children, detail)
 
 
 def _fold_static(node: PlanNode) -> PlanNode:
@@ -358,9 +299,6 @@ def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
     return lineage
 
 
-_EXPR_ID = re.compile(r'"exprId":\{"product-class":"[^"]*","id":(\d+),"jvmId":"[^"]*"\}')
-
-
 def plan_fingerprint(analyzed_json: str, places: Sequence[str] = ()) -> str:
     """A digest of an analyzed plan (``toJSON()``) and of where its relations' rows live
     (``places``: Spark's JSON leaves file locations out) that is equal for equal plans across runs.
@@ -373,7 +311,7 @@ def plan_fingerprint(analyzed_json: str, places: Sequence[str] = ()) -> str:
     def renumber(match: re.Match) -> str:
         return f'"exprId":{numbers.setdefault(match.group(1), len(numbers))}'
 
-    text = _EXPR_ID.sub(renumber, analyzed_json) + "\n".join(sorted(places))
+    text = EXPR_ID.sub(renumber, analyzed_json) + "\n".join(sorted(places))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from .expr import Expr, column, int_value, str_value, yields_spec
+from headwater.spark.expr import Expr, column, int_value, str_value, yields_spec
 
 
 class Unevaluable(ValueError):

@@ -30,10 +30,10 @@ import numpy as np
 import pandas as pd
 
 from headwater.core.plan import Attr
+from headwater.spark.expr import TRUE, Expr, cmp, col, col_id, column, conj, conjuncts, param, refs, str_value
+from headwater.spark.operators import Aggregate, Op, Plan, Relation, Unknown
 
 from .evaluate import Binding, Unevaluable, evaluate, holds, value_key
-from .expr import TRUE, Expr, cmp, col, col_id, column, conj, conjuncts, param, refs, str_value
-from .operators import Aggregate, Op, Plan, Relation, Unknown
 from .pushdown import Pushed, push_down
 from .refine import Inferred, judge
 from .run import CROSS_LIMIT, Running, Tables, relation_frame

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .expr import (
+from headwater.spark.expr import (
     COMPARISONS,
     FALSE,
     TRUE,
@@ -37,7 +37,7 @@ from .expr import (
     str_value,
     substitute,
 )
-from .operators import (
+from headwater.spark.operators import (
     Aggregate,
     Deduplicate,
     Expand,

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from headwater.spark.expr import TRUE, Expr, cmp, col, conj, conjuncts, param, set_vars
+from headwater.spark.operators import Join, Plan, Relation, Unknown
+
 from .evaluate import Binding, Unevaluable, distinct_values, holds, objects, value_key
-from .expr import TRUE, Expr, cmp, col, conj, conjuncts, param, set_vars
-from .operators import Join, Plan, Relation, Unknown
 from .pushdown import Pushed, parse_var, push_down, push_up
 from .run import LINEAGE, Running, Tables, relation_frame
 from .verify import key_facts, verify

@@ -18,9 +18,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .evaluate import Binding, Unevaluable, evaluate, generated, holds, objects, value_key
-from .expr import Expr, agg_spec, conjuncts, int_value, lit, sort_spec, str_value
-from .operators import (
+from headwater.spark.expr import Expr, agg_spec, conjuncts, int_value, lit, sort_spec, str_value
+from headwater.spark.operators import (
     Aggregate,
     Deduplicate,
     Expand,
@@ -37,6 +36,8 @@ from .operators import (
     Window,
     WindowGroupLimit,
 )
+
+from .evaluate import Binding, Unevaluable, evaluate, generated, holds, objects, value_key
 from .pushdown import equi_pairs
 
 LINEAGE = "__lineage"

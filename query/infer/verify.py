@@ -29,8 +29,8 @@ from decimal import Decimal
 
 import z3
 
-from .expr import COMPARISONS, Expr, col_id, conjuncts, str_value, yields_spec
-from .operators import (
+from headwater.spark.expr import COMPARISONS, Expr, col_id, conjuncts, str_value, yields_spec
+from headwater.spark.operators import (
     Aggregate,
     Deduplicate,
     Expand,
@@ -46,6 +46,7 @@ from .operators import (
     Window,
     WindowGroupLimit,
 )
+
 from .pushdown import equi_pairs, parse_var
 
 ROWS = 3

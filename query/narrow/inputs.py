@@ -11,10 +11,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from headwater.core import rid as rids
+from headwater.spark.operators import Relation, Unknown
 
 from ..errors import LineageError
 from ..infer.evaluate import Unevaluable
-from ..infer.operators import Relation, Unknown
 from ..infer.run import LINEAGE, Running
 
 

@@ -25,13 +25,13 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-from headwater.adapters.table_files import sink_batch_files
 from headwater.capture.sinks import SinkError
 from headwater.capture.sinks.spark_sinks import FileSink
 from headwater.capture.sinks.streaming_write import StreamingWriteSink
 from headwater.core.offsets import reached
 from headwater.core.schema import LOG_BATCH
 from headwater.query.api import LineageClient
+from headwater.spark.table_files import sink_batch_files
 from tests import pipelines
 from tests.conftest import index, local_file, read_log, stop_when_idle
 from tests.oracle import as_input

@@ -27,7 +27,7 @@ from headwater.demo.run import count_malformed, end_offsets, run_pipeline
 from headwater.query.api import LineageClient
 from headwater.query.errors import LineageError
 from headwater.query.fallback import Fallback
-from headwater.query.infer.operators import build
+from headwater.spark.operators import build
 from headwater.store.plans import PlanStore
 from tests.conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches
 from tests.oracle import as_input, demo_lineage

@@ -86,6 +86,18 @@ def test_the_store_imports_neither_the_indexer_nor_the_query_tier():
     assert crossing == []
 
 
+def test_spark_semantics_import_none_of_their_readers():
+    """Capture, the query tier and the indexer all read Spark's plans through ``headwater.spark``: it imports none of
+    them, nor the store; its package imports none of its modules (importing one loads only what that one needs)."""
+    edges = graph()
+    services = ("headwater.query", "headwater.capture", "headwater.store", "headwater.indexer")
+    crossing = sorted((name, target) for name, targets in edges.items() if name.startswith("headwater.spark")
+                      for target in targets if target.startswith(services))
+    assert crossing == []
+    assert edges["headwater.spark"] == set()
+    assert "headwater.spark.plan_json" in edges["headwater.query.explain"]
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles: each strongly connected part of the graph of more than one module (Tarjan's)."""
     index: dict[str, int] = {}

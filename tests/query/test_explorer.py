@@ -29,9 +29,9 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from bench.http_load import demo_env, serving
-from headwater.adapters.table_files import uri_path
 from headwater.core.offsets import offset_ranges
 from headwater.deploy import tools
+from headwater.spark.table_files import uri_path
 from headwater.store.batch_log import BatchLog
 
 SHOTS = Path("/tmp/explorer-shots")

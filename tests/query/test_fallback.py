@@ -217,7 +217,7 @@ def test_a_keyless_table_whose_rids_cannot_be_reproduced_is_a_clear_error(tmp_pa
     from headwater.core.config import Config
     from headwater.core.plan import Attr
     from headwater.query.fallback import Fallback
-    from headwater.query.infer.operators import Relation
+    from headwater.spark.operators import Relation
 
     pq.write_table(pa.table({"id": [1, 2], "tags": [["a"], []]}), tmp_path / "tagged.parquet")
     location = {"paths": [f"file:{tmp_path / 'tagged.parquet'}"], "format": "parquet"}
@@ -237,7 +237,7 @@ def test_table_rids_name_rows_by_the_declared_key_or_by_the_columns_capture_hash
     from headwater.core.plan import Attr
     from headwater.core.rid import KEY_SEPARATOR, table_row_rids
     from headwater.query.fallback import Fallback
-    from headwater.query.infer.operators import Relation
+    from headwater.spark.operators import Relation
 
     pq.write_table(pa.table({"id": [1, 2, 3], "name": ["a", "b", None], "w": [1.5, 2.0, -0.0]}), tmp_path / "d.parquet")
     table = f"file:{tmp_path / 'd.parquet'}"  # the table's identity: where it lives, not its name

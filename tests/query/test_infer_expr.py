@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from headwater.query.infer.evaluate import Binding, Unevaluable, evaluate, generated, holds
-from headwater.query.infer.expr import TRUE, Expr, cmp, col, conj, conjuncts, in_set, lit, parse, show
+from headwater.spark.expr import TRUE, Expr, cmp, col, conj, conjuncts, in_set, lit, parse, show
 
 P = "org.apache.spark.sql.catalyst.expressions."
 

@@ -20,12 +20,12 @@ import pytest
 
 from headwater.capture.spark_plan import optimized_records
 from headwater.query.infer.evaluate import Binding, Unevaluable, holds, value_key
-from headwater.query.infer.expr import FALSE, TRUE, cmp, col, conj, conjuncts, param
-from headwater.query.infer.operators import Plan, build
 from headwater.query.infer.pushdown import push_down, push_up
 from headwater.query.infer.refine import infer, prepare, row_selection
 from headwater.query.infer.run import LINEAGE, Running
 from headwater.query.infer.verify import key_facts, verify
+from headwater.spark.expr import FALSE, TRUE, cmp, col, conj, conjuncts, param
+from headwater.spark.operators import Plan, build
 
 pytestmark = pytest.mark.spark
 

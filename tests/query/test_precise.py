@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from headwater.capture.spark_plan import optimized_records
-from headwater.query.infer.operators import build
 from headwater.query.infer.precise import plan_saves, save, trace
 from headwater.query.infer.refine import infer
+from headwater.spark.operators import build
 from tests.query.test_inference import QUERIES, ROWS_PER_QUERY, _found, _oracle, random_tables
 
 pytestmark = pytest.mark.spark

@@ -18,7 +18,7 @@ What Spark 4.3 gives there (read off ``df._jdf.queryExecution().analyzed()`` of
   ``.load("/abs/path")`` as for ``.load("file:///abs/path")``, globs already expanded.
 - The relation's output is the data columns, then the partition columns.
 
-Spark's rules followed here (checked against Spark in ``tests/adapters/test_table_files.py``):
+Spark's rules followed here (checked against Spark in ``tests/spark/test_table_files.py``):
 
 - Listing: a root that is a folder is listed recursively, leaving out every file and folder
   whose name starts with ``.``, or with ``_`` unless it holds ``=`` (``_SUCCESS``, ``.crc``,

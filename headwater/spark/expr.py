@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Iterable, Iterator, SupportsInt
 
+from .catalyst import simple_name
+from .plan_json import expr_id, flat_tree
+
 _PREFIX = "org.apache.spark.sql.catalyst.expressions."
 
 # Spark class (after the package prefix) → op, for classes that need nothing but children.
@@ -234,11 +237,9 @@ def show(e: Expr) -> str:
 # Reading Spark's JSON ---------------------------------------------------------------------
 
 def _short(cls: str) -> str:
-    return cls[len(_PREFIX):] if cls.startswith(_PREFIX) else cls.rsplit(".", 1)[-1]
-
-
-def expr_id(node: dict) -> int:
-    return int(node["exprId"]["id"])
+    """An expression class's name within Catalyst's expressions package, which keeps an aggregate function
+    (``aggregate.Sum``) apart from a function of a row; a class from elsewhere by its simple name."""
+    return cls[len(_PREFIX):] if cls.startswith(_PREFIX) else simple_name(cls)
 
 
 def literal(value, dtype: str):
@@ -272,21 +273,7 @@ class Subqueries:
 
 def parse(flat: list[dict], subqueries: Subqueries | None = None) -> Expr:
     """The tree of one expression given as Spark's flat pre-order JSON list."""
-    position = 0
-
-    def take() -> Expr:
-        nonlocal position
-        if position >= len(flat):
-            raise ValueError("expression JSON ends inside a node")
-        node = flat[position]
-        position += 1
-        children = [take() for _ in range(int(node.get("num-children", 0)))]
-        return _node(node, children, subqueries)
-
-    found = take()
-    if position != len(flat):
-        raise ValueError(f"expression JSON holds {len(flat) - position} nodes past its root")
-    return found
+    return flat_tree(flat, lambda node, children: _node(node, children, subqueries))
 
 
 def _node(node: dict, children: list[Expr], subqueries: Subqueries | None) -> Expr:

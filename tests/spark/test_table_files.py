@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import Row
 
-from headwater.adapters.table_files import TableUnreadable, local_path, read_table, table_version
+from headwater.spark.table_files import TableUnreadable, local_path, read_table, table_version
 
 TYPED_SCHEMA = ("id bigint, name string, amount decimal(15,2), day date, ts timestamp, ok boolean, "
                 "ratio double, small int")

@@ -1,10 +1,12 @@
-"""A logged optimized plan as operators the pushdown reasons about.
+"""A logged optimized plan as operators: the plan decoder's view for inference, whose pushdown
+(``headwater.query.infer.pushdown``) reasons about them.
 
 Read from the records ``capture/spark_plan.py`` takes off Spark (pre-order, each with
-Spark's own JSON of the node) or from the JSON Spark embeds for a scalar subquery's plan.
-Every operator knows its output attributes; expressions are ``expr.Expr`` trees. A node
-this module does not model becomes ``Unknown``: pushdown sends ``true`` (its whole input,
-a flagged superset) through it, never a guess.
+Spark's own JSON of the node) or from the JSON Spark embeds for a scalar subquery's plan,
+through ``plan_json``; which classes are relations, and which pass their input on, is
+``catalyst``'s. Every operator knows its output attributes; expressions are ``expr.Expr``
+trees. A node this module does not model becomes ``Unknown``: pushdown sends ``true`` (its
+whole input, a flagged superset) through it, never a guess.
 """
 
 from __future__ import annotations
@@ -14,16 +16,9 @@ from typing import Iterator
 
 from headwater.core.plan import Attr
 
-from .expr import Expr, Subqueries, col, column, expr_id, int_value, parse, type_name
-
-_RELATIONS = {
-    "LogicalRelation", "LocalRelation", "DataSourceV2Relation", "DataSourceV2ScanRelation", "HiveTableRelation",
-    "StreamingRelation", "StreamingRelationV2", "StreamingExecutionRelation", "StreamingDataSourceV2Relation",
-    "StreamingDataSourceV2ScanRelation", "LogicalRDD", "Range", "OneRowRelation",
-}
-_PASS_THROUGH = {"SubqueryAlias", "View", "Repartition", "RepartitionByExpression", "RebalancePartitions",
-                 "EventTimeWatermark", "UpdateEventTimeWatermarkColumn", "ResolvedHint", "Sample", "CollectMetrics"}
-JOIN_KINDS = ("inner", "cross", "leftouter", "rightouter", "fullouter", "leftsemi", "leftanti")
+from . import catalyst, plan_json
+from .expr import Expr, Subqueries, col, column, int_value, parse, type_name
+from .plan_json import expr_id
 
 
 # Subclasses' fields follow ``children``, which has a default: one with none to give is keyword-only (``kw_only``).
@@ -167,12 +162,6 @@ def _named(flat: list[dict], subqueries: Subqueries) -> tuple[Attr, Expr]:
     raise ValueError(f"an output column that is neither an attribute nor an alias: {e}")
 
 
-def _join_type(fields: dict) -> str:
-    jt = fields.get("joinType")
-    name = jt.get("object", "") if isinstance(jt, dict) else str(jt or "")
-    return name.rsplit(".", 1)[-1].rstrip("$").lower().replace("join", "") or "unknown"
-
-
 def build(nodes: list[dict], first_id: int = 0) -> Plan:
     """The operators of a plan given in pre-order: capture's records (with ``fields``) or Spark's JSON.
 
@@ -180,29 +169,19 @@ def build(nodes: list[dict], first_id: int = 0) -> Plan:
     so they are unique in the whole plan.
     """
     subqueries = Subqueries()
-    position = 0
 
-    def take() -> Op:
-        nonlocal position
-        if position >= len(nodes):
-            raise ValueError("plan records end inside the tree")
-        record = nodes[position]
-        node_id = first_id + position
-        position += 1
-        fields = record.get("fields", record)
-        cls = record.get("spark_class") or fields.get("class", "").rsplit(".", 1)[-1]
-        children = [take() for _ in range(int(record.get("num_children", fields.get("num-children", 0))))]
+    def operator(index: int, record: dict, children: list[Op]) -> Op:
+        fields = plan_json.record_fields(record)
+        cls = record.get("spark_class") or catalyst.simple_name(fields.get("class", ""))
         logged = None
         if "output" in record and isinstance(record["output"][:1] and record["output"][0], dict):
             logged = [Attr(a["name"], a["expr_id"], type_name(a["dtype"]) or "") for a in record["output"]]
-        op = _operator(node_id, cls, fields, children, subqueries, record)
+        op = _operator(first_id + index, cls, fields, children, subqueries, record)
         if logged is not None:
             op.output = logged
         return op
 
-    root = take()
-    if position != len(nodes):
-        raise ValueError(f"plan records do not form one tree ({len(nodes) - position} left over)")
+    root = plan_json.plan_tree(nodes, operator)
     # Capture logs a subquery's plan as records of its own (with relations' locations);
     # Spark's JSON of the expression holds a bare copy, used when those are missing.
     logged = {int(k): v for record in nodes for k, v in record.get("subqueries", {}).items()}
@@ -218,30 +197,30 @@ def build(nodes: list[dict], first_id: int = 0) -> Plan:
 def _operator(node_id: int, cls: str, fields: dict, children: list[Op], subqueries: Subqueries,
               record: dict) -> Op:
     first = children[0].output if children else []
-    if cls in _RELATIONS:
+    if cls in catalyst.OPTIMIZED_RELATIONS:
         output = [_attr(a) for a in fields.get("output", []) if a]
         return Relation(node_id, "Relation", output, [], spark_class=cls, location=record.get("location"),
                         streaming=bool(record.get("streaming", fields.get("isStreaming", False))))
-    if cls in _PASS_THROUGH and len(children) == 1:
+    if cls in catalyst.PASS_THROUGH and len(children) == 1:
         return Project(node_id, "Project", list(first), children, items=[(a, col(a.expr_id, a.name, a.dtype))
                                                                         for a in first])
     if cls == "Project":
-        items = [_named(e, subqueries) for e in fields.get("projectList", [])]
+        items = [_named(e, subqueries) for e in plan_json.named_expressions(fields)]
         return Project(node_id, "Project", [a for a, _ in items], children, items=items)
     if cls == "Filter":
         return Filter(node_id, "Filter", list(first), children, condition=parse(fields["condition"], subqueries))
     if cls == "Join":
-        join_type = _join_type(fields)
+        join_type = catalyst.join_type(fields)
         condition = parse(fields["condition"], subqueries) if fields.get("condition") else None
         if join_type in ("leftsemi", "leftanti"):
             output = list(first)
         else:
             output = list(first) + list(children[1].output)
-        if join_type not in JOIN_KINDS:
+        if join_type not in catalyst.JOIN_TYPES:
             return Unknown(node_id, "Unknown", output, children, spark_class=f"Join {join_type}")
         return Join(node_id, "Join", output, children, join_type=join_type, condition=condition)
     if cls == "Aggregate":
-        items = [_named(e, subqueries) for e in fields.get("aggregateExpressions", [])]
+        items = [_named(e, subqueries) for e in plan_json.named_expressions(fields)]
         groups = [parse(g, subqueries) for g in fields.get("groupingExpressions", [])]
         return Aggregate(node_id, "Aggregate", [a for a, _ in items], children, groups=groups, items=items)
     if cls == "Sort":
