@@ -7,6 +7,8 @@ address, 127.0.0.1 by default (the caller stops the server it got).
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 EDGES = Counter("headwater_capture_edges",
@@ -64,7 +66,7 @@ def overhead_ratio(publish_seconds: float, batch_seconds: float) -> float:
     return publish_seconds / max(batch_seconds - publish_seconds, 1e-3)
 
 
-def serve(port: int, host: str | None = None):
+def serve(port: int, host: str | None = None) -> WSGIServer:
     """Start the ``/metrics`` endpoint on ``host`` (default: the effective config's ``metrics_host``);
     returns the server, whose ``shutdown()`` stops it."""
     if host is None:

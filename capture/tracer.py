@@ -15,6 +15,7 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 from typing import Callable
+from wsgiref.simple_server import WSGIServer
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -86,18 +87,30 @@ class Tracer:
         self._query_ids: dict[str, str | None] = {}  # Spark query id → traced query name (None: untraced)
         self._logged: dict = {}  # traced query name → its ``log_only.LoggedBatches``, where Spark writes the sink
         self._job_times: JobTimes | None = JobTimes(spark, self.journals.job_times())
+        self._listener: ProgressListener | None = None
+        self._metrics_server: WSGIServer | None = None
         # The tracer's thread (``shipping.Shipper``): the log records and the journal to the broker.
         self.shipper = Shipper(self.delivery_settings, config.log_topic, config.edges_topic, config.spill_max_bytes,
                                config.send_timeout_s, each_round=self._count_job_time)
-        self._listener: ProgressListener | None = ProgressListener(
-            spark, self.journals.progress(), self._queries.get, self.shipper.publish_log, self._observe_progress)
-        self._metrics_server = metrics.serve(config.metrics_port, config.metrics_host) if config.metrics_port else None
+        try:  # a listener or a metrics port that fails leaves no thread of this tracer's running, nor its drain
+            self._listener = ProgressListener(spark, self.journals.progress(), self._queries.get,
+                                              self.shipper.publish_log, self._observe_progress)
+            if config.metrics_port:
+                self._metrics_server = metrics.serve(config.metrics_port, config.metrics_host)
+        except BaseException:
+            self.close()
+            raise
 
-    def name_query(self, spark_name: str, traced_name: str) -> str | None:
-        """Spark's name of a traced query's streaming query, for the progress listener; the traced query
-        the name stood for before, if any (``_forget_query`` gives it back)."""
+    def check_open(self) -> None:
+        """Refuse to trace on a closed tracer, before a query's start has any effect."""
         if self._listener is None:
             raise RuntimeError("this Tracer is closed: attach() again to trace another query")
+
+    def _name_query(self, spark_name: str, traced_name: str) -> str | None:
+        """Spark's name of a traced query's streaming query, for the progress listener; the traced query
+        the name stood for before, if any (``_forget_query`` gives it back)."""
+        self.check_open()
+        assert self._listener is not None  # check_open's
         previous = self._queries.get(spark_name)
         self._queries[spark_name] = traced_name
         self._listener.watch(spark_name)
@@ -107,7 +120,7 @@ class Tracer:
         """Start a traced query's ``DataStreamWriter`` (its ``queryName`` is ``spark_name``), its progress
         watched and its Spark id noted; ``logged``: its ``log_only.LoggedBatches`` where Spark writes its sink
         with no hook. A start that fails leaves none of this behind."""
-        named_before = self.name_query(spark_name, traced_name)
+        named_before = self._name_query(spark_name, traced_name)
         self._logged[traced_name] = logged
         try:
             query = writer.start()
@@ -118,7 +131,7 @@ class Tracer:
         return query
 
     def _forget_query(self, spark_name: str, traced_name: str, previous: str | None) -> None:
-        """Undo ``name_query`` (``previous``: what it returned) and the logged batches for a start that failed."""
+        """Undo ``_name_query`` (``previous``: what it returned) and the logged batches for a start that failed."""
         if previous is None:
             self._queries.pop(spark_name, None)
             if self._listener is not None:

@@ -139,6 +139,7 @@ class TracedWriter:
 
     def _start(self) -> StreamingQuery:
         traced = self._traced
+        traced.tracer.check_open()  # before anything of the start: the checkpoint's plan file, the plan record
         spark = traced.spark
         spec = self._sink
         if spec.format is None:

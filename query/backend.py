@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
+from headwater.core.plugins import load_plugins
 from headwater.store.edges import ROW_FIELDS as STORED_ROW_FIELDS
 
 from .errors import UnknownRow
@@ -215,18 +216,12 @@ def register(name: str) -> Callable[[type[WalkingBackend]], type[WalkingBackend]
     return add
 
 
-_loaded = False
 
 
 def backends() -> dict[str, type[WalkingBackend]]:
-    """Every registered backend by name, once the modules other packages name in their entry points are imported."""
-    global _loaded
-    if not _loaded:
-        from importlib.metadata import entry_points
-
-        for point in entry_points(group=ENTRY_POINTS):
-            point.load()  # a module whose classes register themselves
-        _loaded = True
+    """Every registered backend by name, once the modules other packages name in their entry points are imported
+    (``plugins.load_plugins``: one that fails to import is skipped with a warning)."""
+    load_plugins(ENTRY_POINTS, BACKENDS)
     return BACKENDS
 
 

@@ -10,6 +10,8 @@ from typing import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from headwater.core.plugins import load_plugins
+
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
 NONE = "none"  # nothing is kept (console, noop)
@@ -67,7 +69,6 @@ def option(options: dict, key: str) -> str | None:
 # themselves). A format none names is written by Spark's own code (``spark_sinks.spark_sink``).
 SINKS: dict[str, type[Sink]] = {}
 ENTRY_POINTS = "headwater.sinks"
-_loaded = False
 
 
 def register_sink(format: str) -> Callable[[type[Sink]], type[Sink]]:
@@ -82,14 +83,9 @@ def register_sink(format: str) -> Callable[[type[Sink]], type[Sink]]:
 
 
 def registered_sinks() -> dict[str, type[Sink]]:
-    """Every registered sink by format, once the modules other packages name in their entry points are imported."""
-    global _loaded
-    if not _loaded:
-        from importlib.metadata import entry_points
-
-        for point in entry_points(group=ENTRY_POINTS):
-            point.load()
-        _loaded = True
+    """Every registered sink by format, once the modules other packages name in their entry points are imported
+    (``plugins.load_plugins``: one that fails to import is skipped with a warning)."""
+    load_plugins(ENTRY_POINTS, SINKS)
     return SINKS
 
 

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence, TypedDict
 from headwater.spark.catalyst import STATEFUL_BLACK_BOXES, join_type, kind_of
 from headwater.spark.plan_json import (
     EXPR_ID,
+    Attr,
     aliases,
     attribute_ids,
     expand_column,
@@ -61,13 +62,6 @@ class RawNode(TypedDict):
     streaming: bool
     output: list[RawAttr]
     fields: dict  # the node's own entry of Spark's plan.toJSON()
-
-
-@dataclass(frozen=True)
-class Attr:
-    name: str
-    expr_id: int
-    dtype: str
 
 
 @dataclass

@@ -48,7 +48,6 @@ _GENERATORS = {"Explode": "explode", "PosExplode": "posexplode", "Inline": "inli
 _AGGREGATES = {"Sum": "sum", "Count": "count", "Average": "avg", "Min": "min", "Max": "max", "First": "first",
                "Last": "last", "CountIf": "count_if"}
 COMPARISONS = ("=", "<=>", "<", "<=", ">", ">=")
-FLIPPED = {"=": "=", "<=>": "<=>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from headwater.core.plan import Attr
-
 from . import catalyst, plan_json
 from .expr import Expr, Subqueries, col, column, int_value, parse, type_name
-from .plan_json import expr_id
+from .plan_json import Attr, expr_id
 
 
 # Subclasses' fields follow ``children``, which has a default: one with none to give is keyword-only (``kw_only``).

@@ -18,6 +18,7 @@ Standard library only: capture's driver and the CLI import it through the plan I
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .catalyst import simple_name
@@ -26,6 +27,15 @@ T = TypeVar("T")
 
 # An exprId as it stands in the text of Spark's JSON, its number the group: what a plan's fingerprint renumbers.
 EXPR_ID = re.compile(r'"exprId":\{"product-class":"[^"]*","id":(\d+),"jvmId":"[^"]*"\}')
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute of a plan node's output: its name, its exprId (what it is) and its type's name."""
+
+    name: str
+    expr_id: int
+    dtype: str
 
 
 def expr_id(node: dict) -> int:

@@ -35,7 +35,7 @@ at most ``queue_wait_s``, and beyond that get 503 with Retry-After.
 
 
 from .gate import Slots
-from .openapi import openapi, record_fields
+from .openapi import lineage_fields, openapi
 from .routes import BACKEND, ROUTES, ROW, parse_query
 from .server import (
     EXPLORER_DIR,
@@ -50,5 +50,5 @@ from .server import (
 )
 
 __all__ = ["BACKEND", "EXPLORER_DIR", "EXPLORER_FILES", "MAX_CONCURRENT", "MAX_QUEUED", "QUEUE_WAIT_S", "ROUTES",
-           "ROW", "TOKEN_ENV", "LineageServer", "ServeError", "Slots", "openapi", "parse_query", "record_fields",
+           "ROW", "TOKEN_ENV", "LineageServer", "ServeError", "Slots", "openapi", "parse_query", "lineage_fields",
            "serve"]

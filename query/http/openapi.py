@@ -43,7 +43,7 @@ _NAMED_FIELD_SCHEMAS = {
 }
 
 
-def record_fields() -> list[str]:
+def lineage_fields() -> list[str]:
     """The fields of a ``Lineage`` record as an answer gives them (the rest are the walk's own)."""
     given = set(Lineage(of=0, rid=0, kind="", dataset=None).to_dict()) | set(OPTIONAL_FIELDS)
     return [f.name for f in fields(Lineage) if f.name in given]
@@ -52,7 +52,7 @@ def record_fields() -> list[str]:
 def _schema_of_lineage() -> dict:
     """``Lineage``'s fields as an OpenAPI schema; a field of a type not mapped here fails loudly, not silently."""
     types = {f.name: str(f.type) for f in fields(Lineage)}  # as written: backend.py's annotations are postponed
-    properties = {name: _NAMED_FIELD_SCHEMAS.get(name) or _FIELD_SCHEMAS[types[name]] for name in record_fields()}
+    properties = {name: _NAMED_FIELD_SCHEMAS.get(name) or _FIELD_SCHEMAS[types[name]] for name in lineage_fields()}
     return {"type": "object", "properties": properties,
             "required": [n for n in properties if n not in OPTIONAL_FIELDS]}
 

@@ -210,7 +210,9 @@ class LineageServer(ThreadingHTTPServer):
 
     def _warm_up_graph(self) -> None:
         """Read the whole graph once (``graph.warm_up``) as soon as it answers, while questions are answered: a
-        hub's forward question then reads Neo4j's page cache, not the disk at random. Given up on close."""
+        hub's forward question then reads Neo4j's page cache, not the disk at random. Given up on close while it
+        waits for the graph; a read already under way runs to its end in this daemon thread (a neo4j session is not
+        for closing from another thread), then the thread ends."""
         while self._graph_probe.problem() is not None:
             if self._closing.wait(WARM_UP_RETRY_S):
                 return

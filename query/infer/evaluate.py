@@ -191,7 +191,8 @@ def _eval(e: Expr, frame: pd.DataFrame, bind: Binding) -> pd.Series:
         if all(x.op in ("lit", "param") for x in e.args[1:]):
             keys = {value_key(s.iloc[0]) for s in items if len(s) and not pd.isna(s.iloc[0])}
             found = _member(a, keys, frame)
-            if len(keys) < len(items):  # a NULL in the list: no match is NULL, not FALSE (Spark's In)
+            if any(len(s) and (s.iloc[0] is None or s.iloc[0] is pd.NA) for s in items):
+                # a NULL in the list: no match is NULL, not FALSE (Spark's In)
                 found = found.mask(found == False, pd.NA)  # noqa: E712 (elementwise on a boolean Series)
             return found
         out = pd.Series(False, index=frame.index, dtype="boolean")

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from headwater.core.plan import Attr
 from headwater.spark.expr import TRUE, Expr, cmp, col, col_id, column, conj, conjuncts, param, refs, str_value
 from headwater.spark.operators import Aggregate, Op, Plan, Relation, Unknown
+from headwater.spark.plan_json import Attr
 
 from .evaluate import Binding, Unevaluable, evaluate, holds, value_key
 from .pushdown import Pushed, push_down

@@ -122,3 +122,34 @@ def test_a_traced_query_stopped_mid_batch_stops_as_untraced_ten_times_out_of_ten
     tries = json.loads(done.stdout.strip().splitlines()[-1])
     assert [t["exception"] for t in tries] == [None] * 10
     assert sum(t["running"] for t in tries) >= 8, tries  # stopped mid-batch, not between batches
+
+
+def test_a_closed_tracer_refuses_a_start_before_it_touches_the_checkpoint(spark, stack_config, tmp_path):
+    """Tracing on a tracer after ``close()`` fails at ``start()`` saying so, with no plan file written into
+    the checkpoint (a later start from it would take the plan for its own) and nothing of it logged."""
+    config, _ = own_topics(stack_config, "closed")
+    closed = attach(spark, config.with_overrides(spill_dir=str(tmp_path / "spill")))
+    traced = closed.trace(rate(spark), name=f"closed{uuid.uuid4().hex[:6]}")
+    closed.close()
+    with pytest.raises(RuntimeError, match="this Tracer is closed"):
+        traced.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp")).start()
+    assert not (tmp_path / "cp").exists() or not any((tmp_path / "cp").iterdir())
+    assert not [r for r in read_log(config) if r.get("query") == traced.name]
+
+
+def test_an_attach_that_fails_leaves_no_thread_of_its_own(spark, stack_config, tmp_path):
+    """A metrics port that is taken fails ``attach`` with the port named; the tracer's thread it had started
+    is stopped, not left sending from the spill folder with nobody to close it."""
+    import socket
+
+    config, _ = own_topics(stack_config, "taken")
+    threads_before = {t.ident for t in threading.enumerate() if t.name == "headwater-log"}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            attach(spark, config.with_overrides(spill_dir=str(tmp_path / "spill"), metrics_port=port,
+                                                metrics_host="127.0.0.1"))
+    left = [t for t in threading.enumerate() if t.name == "headwater-log" and t.ident not in threads_before]
+    assert not [t for t in left if t.is_alive()]

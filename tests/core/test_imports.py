@@ -88,9 +88,10 @@ def test_the_store_imports_neither_the_indexer_nor_the_query_tier():
 
 def test_spark_semantics_import_none_of_their_readers():
     """Capture, the query tier and the indexer all read Spark's plans through ``headwater.spark``: it imports none of
-    them, nor the store; its package imports none of its modules (importing one loads only what that one needs)."""
+    them, nor the store, nor the plan IR built on it; its package imports none of its modules (importing one loads
+    only what that one needs)."""
     edges = graph()
-    services = ("headwater.query", "headwater.capture", "headwater.store", "headwater.indexer")
+    services = ("headwater.query", "headwater.capture", "headwater.store", "headwater.indexer", "headwater.core.plan")
     crossing = sorted((name, target) for name, targets in edges.items() if name.startswith("headwater.spark")
                       for target in targets if target.startswith(services))
     assert crossing == []

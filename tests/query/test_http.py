@@ -501,8 +501,8 @@ def test_openapi_document(store, server):
     assert document["security"] == [{"bearer": []}]
     assert document["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     schemas = document["components"]["schemas"]
-    assert set(schemas["Lineage"]["properties"]) == set(http.record_fields())
-    assert set(Lineage(of=1, rid=2, kind="source", dataset=None).to_dict()) <= set(http.record_fields())
+    assert set(schemas["Lineage"]["properties"]) == set(http.lineage_fields())
+    assert set(Lineage(of=1, rid=2, kind="source", dataset=None).to_dict()) <= set(http.lineage_fields())
     assert set(document["paths"]) == {r.path for r in http.ROUTES} | {"/", "/openapi.json", "/healthz", "/readyz",
                                                                       "/metrics"}
     for probe in ("/", "/healthz", "/readyz", "/metrics"):  # without the token (tests/query/test_health.py)

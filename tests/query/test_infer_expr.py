@@ -87,6 +87,9 @@ def test_remainder_in_and_substring_as_spark_computes_them():
     assert holds(Expr("not", (in_list,)), frame).tolist() == [False, False, False, False]
     assert evaluate(Expr("in", (col(1), lit(7, "integer")), dtype="boolean"), frame).tolist() == \
         [False, True, False, pd.NA]
+    # one value listed twice (7 and 7.0 are one) is no NULL: no match stays FALSE
+    twice = Expr("in", (col(1), lit(7, "integer"), lit(7.0, "double")), dtype="boolean")
+    assert evaluate(twice, frame).tolist() == [False, True, False, pd.NA]
     words = pd.DataFrame({1: ["abcde"] * 6})
     for pos, length, spark in [(-7, 3, "a"), (-3, 2, "cd"), (0, 2, "ab"), (2, 10, "bcde"), (-7, 1, ""), (3, -1, "")]:
         sub = Expr("substring", (col(1), lit(pos, "integer"), lit(length, "integer")), dtype="string")

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from headwater.core import plugins
 from headwater.query import api
 from headwater.query import backend as backends_module
 from headwater.query.backend import WalkingBackend, register
@@ -37,16 +38,20 @@ class EmptyBackend(WalkingBackend):
 '''
 
 
+def installed(folder, module: str, source: str, entry_point: str) -> None:
+    """A package of another's, installed on sys.path: a module and its distribution's entry point."""
+    (folder / f"{module}.py").write_text(source)
+    info = folder / f"{module}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[headwater.backends]\n{entry_point} = {module}\n")
+
+
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
-    """A package of another's, installed on sys.path: a module and its distribution's entry point."""
-    (tmp_path / "hw_empty_plugin.py").write_text(PLUGIN)
-    info = tmp_path / "hw_empty_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hw-empty-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[headwater.backends]\nempty-plugin = hw_empty_plugin\n")
+    installed(tmp_path, "hw_empty_plugin", PLUGIN, "empty-plugin")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(backends_module, "_loaded", False)
+    plugins.forget(backends_module.ENTRY_POINTS)  # the entry points looked at again, this plugin's among them
     kept = dict(backends_module.BACKENDS)
     yield "empty-plugin"
     backends_module.BACKENDS.clear()
@@ -90,3 +95,18 @@ def test_the_cli_takes_a_backend_of_another_package(plugin, tmp_path):
     assert found["error"].startswith("rid 5 is not in the lineage store (not captured, or not indexed yet)")
     assert "'nope' is not one of 'auto', 'cypher', 'csprov', 'rq', 'empty-plugin'" in \
         error_of(invoke(tmp_path, "lineage", "backward", "--rid", "5", "--backend", "nope"))["error"]
+
+
+def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning(plugin, tmp_path, caplog):
+    """One broken package does not take the query tier's backends, nor another package's, down with it; nor does
+    an entry point named otherwise than what its module registers go unsaid."""
+    installed(tmp_path, "hw_broken_plugin", "raise ImportError('a dependency of the plugin is missing')\n", "broken")
+    installed(tmp_path, "hw_misnamed_plugin", PLUGIN.replace("empty-plugin", "other-name"), "misnamed")
+    with caplog.at_level("WARNING", logger="headwater.plugins"):
+        found = api.choices()
+    assert found[:3] == ["cypher", "csprov", "rq"] and "empty-plugin" in found and "broken" not in found
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "skipping the headwater.backends plugin 'broken'" in said and "a dependency of the plugin is missing" in said
+    assert "plugin 'misnamed' (hw_misnamed_plugin) registered no 'misnamed'" in said
+    for module in ("hw_broken_plugin", "hw_misnamed_plugin"):
+        sys.modules.pop(module, None)
