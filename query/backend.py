@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
-from headwater.core.plugins import load_plugins
+from headwater.core.plugins import load_plugins, registrar
 from headwater.store.edges import ROW_FIELDS as STORED_ROW_FIELDS
 
 from .errors import UnknownRow
@@ -208,14 +208,7 @@ RESERVED = ("auto",)  # the graph when it holds the row, else the Parquet store 
 
 def register(name: str) -> Callable[[type[WalkingBackend]], type[WalkingBackend]]:
     """A class decorator: the backend ``backend=name`` picks. A name taken already is refused."""
-    def add(cls: type[WalkingBackend]) -> type[WalkingBackend]:
-        if name in RESERVED or BACKENDS.get(name, cls) is not cls:
-            raise ValueError(f"a backend named {name!r} is registered already")
-        BACKENDS[name] = cls
-        return cls
-    return add
-
-
+    return registrar(BACKENDS, name, f"a backend named {name!r}", RESERVED)
 
 
 def backends() -> dict[str, type[WalkingBackend]]:

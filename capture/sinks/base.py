@@ -10,7 +10,7 @@ from typing import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from headwater.core.plugins import load_plugins
+from headwater.core.plugins import load_plugins, registrar
 
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
@@ -74,12 +74,7 @@ ENTRY_POINTS = "headwater.sinks"
 def register_sink(format: str) -> Callable[[type[Sink]], type[Sink]]:
     """A class decorator: the ``Sink`` a traced query with ``writeStream.format(format)`` writes through (its
     ``open``). A name taken already is refused."""
-    def add(cls: type[Sink]) -> type[Sink]:
-        if SINKS.get(format, cls) is not cls:
-            raise ValueError(f"a sink for format {format!r} is registered already")
-        SINKS[format] = cls
-        return cls
-    return add
+    return registrar(SINKS, format, f"a sink for format {format!r}")
 
 
 def registered_sinks() -> dict[str, type[Sink]]:

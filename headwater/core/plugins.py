@@ -11,11 +11,24 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
-from typing import Mapping
+from typing import Callable, Container, Mapping, MutableMapping, TypeVar
 
 log = logging.getLogger("headwater.plugins")
 
 _loaded: set[str] = set()
+T = TypeVar("T", bound=type)
+
+
+def registrar(registry: MutableMapping[str, T], name: str, what: str,
+              reserved: Container[str] = ()) -> Callable[[T], T]:
+    """A class decorator putting its class in ``registry`` under ``name``; a name taken already (or ``reserved``)
+    is refused, in the words ``what`` gives (e.g. "a backend named 'x'")."""
+    def add(cls: T) -> T:
+        if name in reserved or registry.get(name, cls) is not cls:
+            raise ValueError(f"{what} is registered already")
+        registry[name] = cls
+        return cls
+    return add
 
 
 def load_plugins(group: str, registry: Mapping[str, object]) -> None:
