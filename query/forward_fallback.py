@@ -51,7 +51,7 @@ from headwater.spark.operators import (
 from .backend import Gap, Lineage
 from .errors import LineageError
 from .fallback import Fallback, static_source
-from .infer.evaluate import Unevaluable, value_key
+from .infer.evaluate import NotEvaluable, value_key
 from .infer.run import LINEAGE, Running
 
 REPLAYS_KEPT = 4  # batches whose replay is kept: questions about one batch's rows often come together
@@ -215,7 +215,7 @@ class Forward:
             keys = [_key(values) for values in zip(*(output[a.expr_id].tolist() for a in plan.root.output))] \
                 if len(output) else []
             lineage = output[LINEAGE].tolist() if len(output) else []
-        except Unevaluable:  # an operator or function not modelled: no row told from another
+        except NotEvaluable:  # an operator or function not modelled: no row told from another
             pass
         if keys is not None and Counter(keys) != Counter(k for k, _ in sink_rows):
             keys = None  # not the rows the batch wrote: its lineage is not theirs

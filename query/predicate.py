@@ -147,8 +147,23 @@ def _refuse(tree, text: str, exp) -> None:
     syntax = (exp.Cast, exp.TryCast, exp.Case, exp.If, exp.Trim, exp.Substring, exp.StrPosition)
     beyond = (exp.Subquery, exp.Query, exp.Exists, exp.Lateral, exp.Lambda, exp.Placeholder, exp.Parameter,
               exp.Star, exp.Window)
+    predicates = (exp.Is, exp.In, exp.Between, exp.Like, exp.ILike, exp.RegexpLike, exp.Escape)
+    operands = (*predicates, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+                exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.IntDiv, exp.Neg, exp.DPipe, exp.BitwiseAnd,
+                exp.BitwiseOr, exp.BitwiseXor, exp.BitwiseNot)
     for node in tree.walk():
         name = type(node).__name__
+        if isinstance(node, predicates) and not isinstance(node.parent, exp.Escape):
+            holder = node.parent
+            while isinstance(holder, exp.Not):  # NOT IN, NOT LIKE, IS NOT NULL
+                holder = holder.parent
+            if isinstance(holder, operands):  # Spark's grammar: one predicate on a value, `a IN (1) IS NULL` refused
+                first = node  # the predicate's place: its leftmost token's, the first that sqlglot placed
+                while isinstance(first, exp.Expression) and not node_position(first):
+                    first = first.this
+                raise WhereError(f"--where is not a SQL expression: {node.sql('spark')!r} is tested again without "
+                                 f"parentheses, which Spark's parser refuses",
+                                 **(node_position(first) if isinstance(first, exp.Expression) else {}))
         if isinstance(node, beyond):
             raise WhereError(f"--where may only test the sink's own columns: {name} is not allowed",
                              **node_position(node))

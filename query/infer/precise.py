@@ -33,7 +33,7 @@ from headwater.spark.expr import TRUE, Expr, cmp, col, col_id, column, conj, con
 from headwater.spark.operators import Aggregate, Op, Plan, Relation, Unknown
 from headwater.spark.plan_json import Attr
 
-from .evaluate import Binding, Unevaluable, evaluate, holds, value_key
+from .evaluate import Binding, NotEvaluable, evaluate, holds, value_key
 from .pushdown import Pushed, push_down
 from .refine import Inferred, judge
 from .run import CROSS_LIMIT, Running, Tables, relation_frame
@@ -205,7 +205,7 @@ def select(frame: pd.DataFrame, predicate: Expr, tops: pd.DataFrame, bind: Bindi
     outer = pd.DataFrame({ids[n]: tops[n].to_numpy(dtype=object) for n in names}, index=range(len(tops)))
     try:
         left, right = _pairs(frame, outer, keys, bind)
-    except Unevaluable:
+    except NotEvaluable:
         return np.arange(len(frame)), [predicate]
     joined = frame.iloc[left].reset_index(drop=True)
     for param_id in outer.columns:
@@ -215,7 +215,7 @@ def select(frame: pd.DataFrame, predicate: Expr, tops: pd.DataFrame, bind: Bindi
     for c in conjuncts(bound):
         try:
             passing &= holds(c, joined, bind)
-        except Unevaluable:
+        except NotEvaluable:
             dropped.append(c)
     return np.unique(left[passing]), dropped
 
@@ -247,11 +247,11 @@ def _pairs(frame: pd.DataFrame, outer: pd.DataFrame, keys: list[tuple[Expr, int]
     """(frame position, outer position) of the pairs that agree on ``keys`` (all pairs if none)."""
     if not keys:
         if len(frame) * len(outer) > CROSS_LIMIT:
-            raise Unevaluable(f"a parameterised predicate with no equality over {len(frame)} × {len(outer)} rows")
+            raise NotEvaluable(f"a parameterised predicate with no equality over {len(frame)} × {len(outer)} rows")
         return np.repeat(np.arange(len(frame)), len(outer)), np.tile(np.arange(len(outer)), len(frame))
     try:
         mine = list(zip(*[evaluate(own, frame, bind).to_numpy(dtype=object) for own, _ in keys]))
-    except Unevaluable:
+    except NotEvaluable:
         return _pairs(frame, outer, [], bind)
     theirs = zip(*[outer[column].to_numpy(dtype=object) for _, column in keys])
     where: dict[tuple, list[int]] = {}

@@ -32,7 +32,7 @@ import pandas as pd
 from headwater.spark.expr import TRUE, Expr, cmp, col, conj, conjuncts, param, set_vars
 from headwater.spark.operators import Join, Plan, Relation, Unknown
 
-from .evaluate import Binding, Unevaluable, distinct_values, holds, objects, value_key
+from .evaluate import Binding, NotEvaluable, distinct_values, holds, objects, value_key
 from .pushdown import Pushed, parse_var, push_down, push_up
 from .run import LINEAGE, Running, Tables, relation_frame
 from .verify import key_facts, verify
@@ -74,7 +74,7 @@ def _runnable(predicate: Expr, frame: pd.DataFrame, bind: Binding, own: int) -> 
         try:
             holds(c, probe, Binding(bind.params, {v: frozenset() for v in set_vars(c)}, bind.scalars))
             kept.append(c)
-        except Unevaluable:
+        except NotEvaluable:
             dropped.append(c)
     return conj(kept), dropped
 
@@ -215,7 +215,7 @@ def _replay(plan: Plan, values: list, frames: dict[int, pd.DataFrame], rows: dic
         running = Running(Plan(plan.root, {}), _unread, lineage=True, frames=restricted)
         running.bind.scalars.update(scalars)
         out = running.run(plan.root)
-    except Unevaluable:
+    except NotEvaluable:
         return None
     top, bound = row_selection(plan, values)
     match = holds(top, out.drop(columns=[LINEAGE]), Binding(bound))

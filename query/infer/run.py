@@ -37,7 +37,7 @@ from headwater.spark.operators import (
     WindowGroupLimit,
 )
 
-from .evaluate import Binding, Unevaluable, evaluate, generated, holds, objects, value_key
+from .evaluate import Binding, NotEvaluable, evaluate, generated, holds, objects, value_key
 from .pushdown import equi_pairs
 
 LINEAGE = "__lineage"
@@ -67,7 +67,7 @@ class Running:
     def run(self, op: Op) -> pd.DataFrame:
         runner = _RUNNERS.get(type(op))
         if runner is None:
-            raise Unevaluable(f"cannot run {getattr(op, 'spark_class', op.kind)}")
+            raise NotEvaluable(f"cannot run {getattr(op, 'spark_class', op.kind)}")
         return runner(self, op)
 
     def output(self) -> pd.DataFrame:
@@ -209,7 +209,7 @@ def _aggregate_value(e: Expr, part: pd.DataFrame, groups: list[Expr], key: tuple
     if e.op == "agg":
         return _apply(e, part, bind)
     if e.op == "col":
-        raise Unevaluable(f"{e} is neither grouped nor aggregated")
+        raise NotEvaluable(f"{e} is neither grouped nor aggregated")
     one = pd.DataFrame(index=[0])
     values = {}
     for i, arg in enumerate(e.args):
@@ -237,7 +237,7 @@ def _apply(e: Expr, part: pd.DataFrame, bind: Binding):
         if isinstance(total, Decimal):
             exponent = total.as_tuple().exponent
             if not isinstance(exponent, int):  # 'n', 'N' or 'F': NaN or infinity, which no Spark decimal holds
-                raise Unevaluable(f"avg of decimals whose sum is {total}")
+                raise NotEvaluable(f"avg of decimals whose sum is {total}")
             scale = max(-exponent, 0) + 4
             return (total / len(values)).quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)
         return total / len(values)
@@ -247,7 +247,7 @@ def _apply(e: Expr, part: pd.DataFrame, bind: Binding):
         return max(values)
     if fn in ("first", "last"):
         return values[0] if fn == "first" else values[-1]
-    raise Unevaluable(f"aggregate {fn}")
+    raise NotEvaluable(f"aggregate {fn}")
 
 
 def _partitions(frame: pd.DataFrame, op: Window | WindowGroupLimit, bind: Binding) -> list[tuple[np.ndarray, list]]:
@@ -280,13 +280,13 @@ def _window_column(e: Expr, ordered: pd.DataFrame, peers: list, bind: Binding) -
     if fn.op == "winfn":  # lag or lead: the input ``offset`` rows before or after, else the default
         source, offset, default = fn.args
         if offset.op != "lit" or offset.value is None:
-            raise Unevaluable(f"{fn.value} by {offset}")
+            raise NotEvaluable(f"{fn.value} by {offset}")
         step = -int_value(offset) if fn.value == "lag" else int_value(offset)
         values = evaluate(source, ordered, bind).tolist()
         defaults = evaluate(default, ordered, bind).tolist()
         return [values[i + step] if 0 <= i + step < len(values) else defaults[i] for i in range(len(values))]
     if fn.op != "agg":
-        raise Unevaluable(f"window function {fn}")
+        raise NotEvaluable(f"window function {fn}")
     found: dict[tuple[int, int], object] = {}  # a frame's value, computed once per frame
     out = []
     for i in range(len(ordered)):
@@ -302,7 +302,7 @@ def _frame(frame: Expr, i: int, peers: list) -> tuple[int, int]:
     the first is past the last). A range frame's current row is its peers; range offsets
     by value are not modelled."""
     if frame.op != "frame":
-        raise Unevaluable(f"window frame {frame}")
+        raise NotEvaluable(f"window frame {frame}")
     bounds = []
     for bound, last in zip(frame.args, (False, True)):
         if bound.op == "bound" and bound.value == "unbounded_preceding":
@@ -317,7 +317,7 @@ def _frame(frame: Expr, i: int, peers: list) -> tuple[int, int]:
         elif bound.op == "lit" and frame.value == "rows" and isinstance(bound.value, int):
             bounds.append(i + bound.value)
         else:
-            raise Unevaluable(f"window frame {frame}")
+            raise NotEvaluable(f"window frame {frame}")
     return bounds[0], min(bounds[1], len(peers) - 1)
 
 
@@ -341,7 +341,7 @@ def _window(r: Running, op: Window) -> pd.DataFrame:
 def _window_group_limit(r: Running, op: WindowGroupLimit) -> pd.DataFrame:
     frame = r.run(op.children[0])
     if op.function.op != "winfn" or op.function.value not in ("row_number", "rank", "dense_rank"):
-        raise Unevaluable(f"a group limit by {op.function}")
+        raise NotEvaluable(f"a group limit by {op.function}")
     keep = np.zeros(len(frame), dtype=bool)
     lineage = np.empty(len(frame), dtype=object)
     for positions, peers in _partitions(frame, op, r.bind):
@@ -356,7 +356,7 @@ def _window_group_limit(r: Running, op: WindowGroupLimit) -> pd.DataFrame:
 
 def _generate(r: Running, op: Generate) -> pd.DataFrame:
     if op.generator.op != "generator":
-        raise Unevaluable(f"generator {op.generator}")
+        raise NotEvaluable(f"generator {op.generator}")
     frame = r.run(op.children[0])
     collections = evaluate(op.generator.args[0], frame, r.bind).tolist()
     rows, produced = [], []
@@ -440,7 +440,7 @@ def _matches(left: pd.DataFrame, right: pd.DataFrame, pairs, residual: list[Expr
         ri = [j for key in lk for j in index.get(key, ())]
     else:
         if len(left) * len(right) > CROSS_LIMIT:
-            raise Unevaluable(f"a join without equal keys pairs {len(left)} × {len(right)} rows")
+            raise NotEvaluable(f"a join without equal keys pairs {len(left)} × {len(right)} rows")
         li = [i for i in range(len(left)) for _ in range(len(right))]
         ri = [j for _ in range(len(left)) for j in range(len(right))]
     if not residual or not li:

@@ -14,7 +14,7 @@ from headwater.core import rid as rids
 from headwater.spark.operators import Relation, Unknown
 
 from ..errors import LineageError
-from ..infer.evaluate import Unevaluable
+from ..infer.evaluate import NotEvaluable
 from ..infer.run import LINEAGE, Running
 
 
@@ -47,7 +47,7 @@ def box_inputs(fallback, box, batch: int) -> tuple[pa.Table, list[list[int]]]:
     tables, read = fallback.tables(entry, kept)
     try:
         frame = Running(plan, tables, lineage=True).run(target.children[0])
-    except Unevaluable as exc:
+    except NotEvaluable as exc:
         raise LineageError(f"the plan below the black box cannot be run here: {exc}") from None
     missing = [c for c in child if c not in frame.columns]
     if missing:

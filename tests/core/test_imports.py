@@ -99,6 +99,21 @@ def test_spark_semantics_import_none_of_their_readers():
     assert "headwater.spark.plan_json" in edges["headwater.query.explain"]
 
 
+def test_one_expression_evaluator():
+    """``--where`` and inference evaluate expressions through ``headwater.spark.evaluate``, and its modules import
+    neither pandas nor sqlglot but where ``--where`` needs its parser (``--where`` must not pay pandas' import)."""
+    edges = graph()
+    assert "headwater.spark.evaluate" in edges["headwater.query.where"]
+    assert "headwater.spark.evaluate" in edges["headwater.query.infer.evaluate"]
+    found = modules()
+    for name in ("headwater.spark.evaluate", "headwater.spark.semantics", "headwater.spark.arrow_values",
+                 "headwater.spark.sql"):
+        imported = imports_of(name, found[name], set(found) | {"pandas", "sqlglot", "numpy"})
+        assert "pandas" not in imported and "sqlglot" not in imported, (name, imported)
+    # the scan sees third-party imports: numpy, which semantics does import
+    assert "numpy" in imports_of("headwater.spark.semantics", found["headwater.spark.semantics"], {"numpy"})
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles: each strongly connected part of the graph of more than one module (Tarjan's)."""
     index: dict[str, int] = {}

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pandas as pd
 import pytest
 
-from headwater.query.infer.evaluate import Binding, Unevaluable, evaluate, generated, holds
+from headwater.query.infer.evaluate import Binding, NotEvaluable, evaluate, generated, holds
 from headwater.spark.expr import TRUE, Expr, cmp, col, conj, conjuncts, in_set, lit, parse, show
 
 P = "org.apache.spark.sql.catalyst.expressions."
@@ -153,7 +153,7 @@ def test_split_arrays_and_what_a_generator_yields():
     split = Expr("split", (col(1), lit(",", "string"), lit(-1, "integer")))
     assert evaluate(split, frame).tolist() == [("a", "b", "", ""), None, ("",)]  # trailing empties kept, as Java's
     assert evaluate(Expr("split", (col(1), lit("\\|", "string"), lit(2, "integer"))), frame).tolist()[0] == ("a,b,,",)
-    with pytest.raises(Unevaluable):  # a regex proper: Java's and Python's may differ, so never run
+    with pytest.raises(NotEvaluable):  # a regex proper: Java's and Python's may differ, so never run
         evaluate(Expr("split", (col(1), lit("[,;]", "string"), lit(-1, "integer"))), frame)
     assert evaluate(Expr("array", (col(2), lit(7, "long"))), frame).tolist() == [(1, 7), (None, 7), (3, 7)]
     at_one = Expr("yields", (split, lit(1, "integer"), lit("b", "string")),
@@ -163,5 +163,5 @@ def test_split_arrays_and_what_a_generator_yields():
     nothing = Expr("yields", (split, lit(None), lit(None)), value=("posexplode", True, ("integer", "string")))
     assert holds(nothing, frame).tolist() == [False, True, False]
     assert generated("inline", ((1, "a"), None), 2) == [(1, "a"), (None, None)]  # Spark's row for a NULL struct
-    with pytest.raises(Unevaluable):  # a generator not known here (stack, a UDTF…) is never run as an explode
+    with pytest.raises(NotEvaluable):  # a generator not known here (stack, a UDTF…) is never run as an explode
         generated("Stack", (1, 2), 1)

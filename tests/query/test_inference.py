@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from headwater.capture.spark_plan import optimized_records
-from headwater.query.infer.evaluate import Binding, Unevaluable, holds, value_key
+from headwater.query.infer.evaluate import Binding, NotEvaluable, holds, value_key
 from headwater.query.infer.pushdown import push_down, push_up
 from headwater.query.infer.refine import infer, prepare, row_selection
 from headwater.query.infer.run import LINEAGE, Running
@@ -212,7 +212,7 @@ def test_an_aggregate_it_cannot_compute_is_never_computed_wrong(spark, tables):
     values for the replay or the oracle), yet the answer stands, a group's whole input."""
     df = spark.sql("select c, count(a) filter (where b > 10) as n from r group by c")
     plan = build(optimized_records(df))
-    with pytest.raises(Unevaluable):
+    with pytest.raises(NotEvaluable):
         Running(plan, tables).output()
     source = tables(plan.root.relations()[0])
     for c, n in df.collect():
