@@ -3,8 +3,9 @@ rules its Arrow form must agree with.
 
 Each function is one rule of Spark's, named for it: how values compare and key sets (``value_key``), Java's
 remainder, ``substring``'s bounds, a LIKE pattern as a regular expression, ``round`` half up, ``CAST``,
-``from_json``, ``split``, what a generator yields. NULL is ``None`` (a float NaN too: pandas' NULL in a float
-column). Only the standard library and numpy (for numpy's scalars in ``value_key``).
+``from_json``, ``split``, what a generator yields. NULL is ``None``; ``missing`` takes a float NaN for NULL too
+(pandas' NULL in a float column, in literals bound from a frame and in collections read through pandas). Only the
+standard library and numpy (for numpy's scalars in ``value_key``).
 """
 
 from __future__ import annotations
