@@ -14,6 +14,11 @@ ARROW_TYPES = {"byte": pa.int8(), "short": pa.int16(), "integer": pa.int32(), "l
                 "float": pa.float32(), "double": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}
 
 
+def spark_type_of(arrow: pa.DataType) -> str | None:
+    """The Spark scalar type of an Arrow type (``arrow_type``'s inverse), None for others (dates, decimals…)."""
+    return next((name for name, t in ARROW_TYPES.items() if t == arrow), None)
+
+
 def arrow_type(spark_type: str) -> pa.DataType:
     """The Arrow type of a Spark scalar type (``long`` or ``bigint``…); ``KeyError`` for others."""
     return ARROW_TYPES[type_name(spark_type) or ""]

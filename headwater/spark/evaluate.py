@@ -43,9 +43,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_values import ARROW_TYPES, array_of, arrow_type, scalar
+from .arrow_values import ARROW_TYPES, array_of, arrow_type, scalar, spark_type_of
 from .expr import Expr, column, int_value, str_value, yields_spec
 from .semantics import (
+    NUMERIC,
     NotEvaluable,
     NotExact,
     arithmetic,
@@ -168,7 +169,7 @@ class _Evaluator:
         """Whether Arrow kernels take these operands: Arrow columns, or literals of a scalar type. Literals alone
         too when ``exact`` (inference's literals are Python's, computed as such)."""
         return (self.exact or any(v.arrow for v in values)) and all(
-            (v.arrow and _spark_type_of(v.data.type) is not None)
+            (v.arrow and spark_type_of(v.data.type) is not None)
             or (v.literal and (v.data is None or (v.type or _python_type(v.data)) in ARROW_TYPES))
             for v in values)
 
@@ -178,7 +179,7 @@ class _Evaluator:
             return v.data
         spark_type = v.type if v.type in ARROW_TYPES else _python_type(v.data) if v.data is not None else None
         if spark_type is None:
-            spark_type = (_spark_type_of(like.data.type) if like is not None and like.arrow else None) or "boolean"
+            spark_type = (spark_type_of(like.data.type) if like is not None and like.arrow else None) or "boolean"
         return scalar(v.data, spark_type)
 
     def _per_value(self, fn: Callable, values: list[Value], spark_type: str | None, null_safe: bool = False,
@@ -202,7 +203,8 @@ class _Evaluator:
 
     def _kernel(self, fn: Callable, values: list[Value], spark_type: str | None) -> Value:
         """An Arrow kernel's result; over literals only, the literal it computes."""
-        return _wrap(fn(*(self._kernel_value(v, _first_arrow(values)) for v in values)), spark_type)
+        like = _first_arrow(values)
+        return _wrap(fn(*(self._kernel_value(v, like) for v in values)), spark_type)
 
     def _either(self, kernel: Callable, python: Callable, values: list[Value], spark_type: str | None) -> Value:
         if self._kernel_ready(*values):
@@ -290,7 +292,8 @@ class _Evaluator:
         left, right = self.eval(e.args[0]), self.eval(e.args[1])
         if self._kernel_ready(left, right):
             self._no_nan(left, right)
-            a, b = (self._kernel_value(v, _first_arrow([left, right])) for v in (left, right))
+            like = _first_arrow([left, right])
+            a, b = (self._kernel_value(v, like) for v in (left, right))
             both = pc.and_(pc.is_null(a), pc.is_null(b))
             return _wrap(pc.or_(both, pc.fill_null(pc.equal(a, b), _FALSE)), "boolean")
         equal = compare(operator.eq)
@@ -330,7 +333,7 @@ class _Evaluator:
             self._no_nan(value, *items)
             floating = any(pa.types.is_floating(v.data.type) for v in (value, *items) if v.arrow)
             listed = [i.data for i in items]
-            column_type = _spark_type_of(value.data.type) if value.arrow else None
+            column_type = spark_type_of(value.data.type) if value.arrow else None
             if all(i.literal and i.data is None or (i.type or _python_type(i.data)) == column_type for i in items) \
                     and not floating and value.arrow:  # hashing: -0.0 and 0.0 differ there
                 wanted = array_of([v for v in listed if v is not None], column_type or "")
@@ -364,7 +367,7 @@ class _Evaluator:
         """Whether each value lies in ``keys`` (compared by ``value_key``), NULL for NULL (and for no match beside a
         NULL listed); over a numeric Arrow column by Arrow's hash, else once per distinct value, since a column
         repeats its keys."""
-        if value.arrow and not null_listed and _spark_type_of(value.data.type) is not None:
+        if value.arrow and not null_listed and spark_type_of(value.data.type) is not None:
             return Value(_arrow_in(value.data, keys), "boolean")
         known: dict = {}
 
@@ -481,8 +484,8 @@ class _Evaluator:
 
     def _cast(self, e: Expr) -> Value:
         inner, to = self.eval(e.args[0]), e.dtype or "string"
-        if (inner.arrow or inner.literal) and self._kernel_ready(inner) and inner.type in _WIDER and to in _WIDER \
-                and _WIDER.index(to) >= _WIDER.index(inner.type):  # widening: exact, or rounded as Java does
+        if (inner.arrow or inner.literal) and self._kernel_ready(inner) and inner.type in NUMERIC and to in NUMERIC \
+                and NUMERIC.index(to) >= NUMERIC.index(inner.type):  # widening: exact, or rounded as Java does
             return _wrap(pc.cast(self._kernel_value(inner), arrow_type(to), safe=False), to)
         return self._per_value(caster(to), [inner], to)
 
@@ -565,7 +568,6 @@ _METHODS = {**{op: "comparison" for op in _COMPARISONS}, "<=>": "null_safe_equal
             **{op: "string_test" for op in _STRING_TESTS}, "upper": "case_change", "lower": "case_change",
             **{op: "trim" for op in _TRIMS}, "year": "date_part", "month": "date_part", "day": "date_part",
             "array": "collection", "struct": "collection", "if": "case"}
-_WIDER = ("byte", "short", "integer", "long", "float", "double")  # Spark's numeric precedence
 
 
 def _chain(e: Expr, op: str) -> list[Expr]:
@@ -665,13 +667,8 @@ def _python_type(value) -> str:
     return type(value).__name__
 
 
-def _spark_type_of(arrow: pa.DataType) -> str | None:
-    """The Spark scalar type of an Arrow type, None for others (dates, decimals, nested…)."""
-    return next((name for name, t in ARROW_TYPES.items() if t == arrow), None)
-
-
 def _known_type(*values: Value) -> str | None:
     found = next((v.type for v in values if v.type not in (None, "void")), None)
     if found is None:
-        found = next((_spark_type_of(v.data.type) for v in values if v.arrow), None)
+        found = next((spark_type_of(v.data.type) for v in values if v.arrow), None)
     return found

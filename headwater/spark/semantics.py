@@ -24,6 +24,7 @@ from .expr import Expr, int_value
 
 INTEGRAL = ("byte", "short", "integer", "long")
 FLOATING = ("float", "double")
+NUMERIC = (*INTEGRAL, *FLOATING)  # Spark's numeric precedence, narrowest first
 
 
 class NotEvaluable(ValueError):

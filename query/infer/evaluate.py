@@ -21,6 +21,7 @@ import pyarrow as pa
 from headwater.spark import evaluate as ev
 from headwater.spark.evaluate import Binding, NotEvaluable, generated, objects, value_key
 from headwater.spark.expr import Expr, refs
+from headwater.spark.semantics import missing
 
 __all__ = ["Binding", "NotEvaluable", "distinct_values", "evaluate", "generated", "holds", "objects", "value_key"]
 
@@ -71,13 +72,9 @@ def _values(column: pd.Series):
 
 def _plain(bind: Binding) -> Binding:
     """``bind`` with pandas' and numpy's NULLs as ``None``."""
-    params = {name: None if _isna(v) else v for name, v in bind.params.items()}
-    scalars = {sid: None if _isna(v) else v for sid, v in bind.scalars.items()}
+    params = {name: None if missing(v) or v is pd.NA else v for name, v in bind.params.items()}
+    scalars = {sid: None if missing(v) or v is pd.NA else v for sid, v in bind.scalars.items()}
     return Binding(params, bind.sets, scalars)
-
-
-def _isna(v) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v))
 
 
 def distinct_values(items: np.ndarray) -> tuple[np.ndarray, list]:
