@@ -40,9 +40,8 @@ def write_store(store_dir: Path, messages, partitions: int = 2, per_write: int =
     import pyarrow as pa
 
     from headwater.indexer.shard import Shard
-    from headwater.store.edges import shard_root
 
-    shards = [Shard(shard_root(store_dir, TOPIC, p), TOPIC, p).open() for p in range(partitions)]
+    shards = [Shard(store_dir, TOPIC, p).open() for p in range(partitions)]
     written = 0
     for i in range(0, len(messages), per_write):
         take = messages[i: i + per_write]
@@ -72,7 +71,7 @@ def measure(spark, root: Path, shape: str, messages, algorithms: list[str]) -> d
     import pyarrow.dataset as ds
 
     from headwater.indexer.compaction import STORE_DDL, compact, components
-    from headwater.store.generation import Generation, snapshot
+    from headwater.store.generation import Generation, Snapshot
 
     base = root / f"{shape}-base"
     edges = write_store(base, messages)
@@ -81,7 +80,8 @@ def measure(spark, root: Path, shape: str, messages, algorithms: list[str]) -> d
     for algorithm in algorithms:
         store = root / f"{shape}-{algorithm}"
         shutil.copytree(base, store)
-        _, edge_files, _ = snapshot(store, TOPIC, {}, create=False)
+        snap = Snapshot.of(store, TOPIC)
+        edge_files = [snap.tables.edges.file_path(f["path"]) for f in snap.shard_files]
         frame = spark.read.schema(STORE_DDL).parquet(*edge_files).select("src", "dst").localCheckpoint()
         started = time.monotonic()
         found = components(frame, algorithm=algorithm).localCheckpoint()
@@ -90,7 +90,7 @@ def measure(spark, root: Path, shape: str, messages, algorithms: list[str]) -> d
         manifest = compact(spark, store, TOPIC, components=algorithm,
                            say=lambda s: print(f"{shape} {algorithm}: {s}", file=sys.stderr, flush=True))
         gen = Generation.current(store, TOPIC)
-        sets[algorithm] = rid_mapping(ds.dataset(gen.path / "rows", format="parquet").to_table(), "set")
+        sets[algorithm] = rid_mapping(ds.dataset(gen.row_files(), format="parquet").to_table(), "set")
         result[algorithm] = {"components_seconds": seconds, "compaction_seconds": manifest["seconds"],
                              "sets_seconds": manifest["sets_seconds"], "components": len(set(labels[algorithm][1])),
                              "sets": manifest["sets"], "largest_set": manifest["largest_set"]}

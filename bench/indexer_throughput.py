@@ -1,4 +1,4 @@
-"""Indexer throughput: 1M edges of realistic shape from the edges topic into the graph and the Parquet store.
+"""Indexer throughput: 1M edges of realistic shape from the edges topic into the graph and the lineage tables.
 
 Starts its own local stack (broker, Bolt graph server) on free ports, publishes
 ``--edges`` edges of ``bench.workload``'s shape (a join with a static dimension, and
@@ -6,20 +6,22 @@ aggregations of fan-in 1 to 1,000 over the same orders) to a two-partition edges
 topic, then runs the indexer until it has caught up. Figures:
 
 - ``graph_edges_per_s``: edges over the time spent in graph writes;
-- ``parquet_edges_per_s``: the Parquet path by itself (set index and files), the same
-  messages in the indexer's write sizes into a fresh shard, before the stack starts; ``…_beside_graph``: edges
+- ``parquet_edges_per_s``: the store path by itself (set index, files and Delta commits), the same
+  messages in the indexer's write sizes into a fresh shard on the local disk, before the stack starts;
+  ``s3_edges_per_s`` and ``s3_bytes_per_edge``: the same into a real S3 server (SeaweedFS, started by the
+  bench on 127.0.0.1); ``…_beside_graph``: edges
   over the time the indexer spent writing the store while the graph was written in
   the other thread (the wait for the graph before each commit not counted; the two
   share the interpreter, so this is lower);
 - ``end_to_end_edges_per_s``: edges over the indexer's whole run (both stores are
   written at the same time, so this is about the slower of the two);
-- ``bytes_per_edge``: the edge files on disk over the edges; ``store_bytes_per_edge``:
-  the whole store, with the rid → set index, aliases and dependencies;
+- ``bytes_per_edge``: the edges table's files over the edges; ``store_bytes_per_edge``:
+  the lineage tables', with the rid → set index, aliases and dependencies;
 - ``compaction_edges_per_s``: ``headwater compact`` over the whole store (two shards)
   on local Spark, with ``generation_bytes_per_edge``, ``sets`` and ``largest_set``;
   ``recompaction_seconds``: a second compaction, from the first generation with
-  nothing new, after which the shards drop what the first holds
-  (``shard_bytes_per_edge_before_drop``/``…_after_drop``: the shards' files on disk);
+  nothing new, after which the shards' records of what the first holds are removed
+  (``shard_bytes_per_edge_before_drop``/``…_after_drop``: the shards' files the tables hold);
 - baselines from the same run, so the ratios hold on a noisy machine: graph writes as
   the indexer made them before batching (one per message, 2,000 rows per statement) on
   ``--baseline-edges`` of the edges, in one session, and plain Parquet files of the same edges (no sets,
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -62,14 +65,14 @@ def publish(config, messages, partitions: int = 2) -> list[int]:
     return sizes
 
 
-def store_alone(folder: Path, messages, sizes: list[int]) -> tuple[float, int]:
-    """Edges/s of the Parquet path by itself (set index and files), in the indexer's write sizes; and the
-    writes it made."""
+def store_alone(store: str, messages, sizes: list[int]) -> tuple[float, int]:
+    """Edges/s of the store path by itself (set index, files and Delta commits) into ``store`` (a folder or an
+    S3 URI), in the indexer's write sizes; and the writes it made."""
     from headwater.core.schema import concat_lineage
     from headwater.indexer.service import WRITE_BYTES
     from headwater.indexer.shard import Shard
 
-    shard = Shard(folder, "bench.edges", 0).open()
+    shard = Shard(store, "bench.edges", 0).open()
     started = time.monotonic()
     first = writes = 0
     while first < len(messages):
@@ -119,23 +122,29 @@ def compaction_figures(store_dir: Path, topic: str) -> dict:
 
     from headwater.adapters.spark import spark_session
     from headwater.indexer.compaction import BUCKETS, STORE_DDL, compact
-    from headwater.store.generation import Generation, snapshot
+    from headwater.store.edges import SHARD_GENERATION
+    from headwater.store.generation import Generation, Snapshot
+
+    def shards_size() -> int:
+        """The shards' files the tables hold (generation 0: edges, rows and the set index's records)."""
+        tables = Snapshot.of(store_dir, topic).tables
+        return sum(f["size_bytes"] for table in (tables.edges, tables.rows, tables.records)
+                   for f in table.files().to_pylist()
+                   if f.get("partition.generation", SHARD_GENERATION) == SHARD_GENERATION)
 
     spark = spark_session("headwater-bench-compaction")
     try:
+        before = Snapshot.of(store_dir, topic)
+        files = [before.tables.edges.file_path(f["path"]) for f in before.shard_files]  # kept on disk an hour
+        shard_bytes = shards_size()
         manifest = compact(spark, store_dir, topic, say=lambda s: print(s, file=sys.stderr, flush=True))
-        _, files, _ = snapshot(store_dir, topic)
         started = time.monotonic()
         (spark.read.schema(STORE_DDL).parquet(*files).withColumn("bucket", F.pmod("dst_set", F.lit(BUCKETS)))
          .repartition("bucket").sortWithinPartitions("bucket", "dst_set", "dst")
          .write.option("compression", "zstd").partitionBy("bucket").parquet(str(store_dir / "copy")))
         copy_seconds = time.monotonic() - started
         size = Generation.current(store_dir, topic).size_bytes()
-        # Again, on the first generation (nothing new): the shards then drop what it holds.
-        def shards_size() -> int:
-            return sum(p.stat().st_size for p in (store_dir / topic).glob("partition=*/**/*") if p.is_file())
-
-        shard_bytes = shards_size()
+        # Again, on the first generation (nothing new): the shards' records of what it holds then go.
         again = compact(spark, store_dir, topic, say=lambda s: print(s, file=sys.stderr, flush=True))
         shard_bytes_after = shards_size()
     finally:
@@ -161,8 +170,11 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the stack below is stopped
 
     from headwater.core.schema import encode_lineage
+    from headwater.deploy.s3_server import S3Server
     from headwater.deploy.stack import Stack, free_port
     from headwater.indexer.service import MAX_POLL_RECORDS, Indexer
+    from headwater.store.edges import LineageTables
+    from headwater.store.generation import Snapshot
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -176,9 +188,15 @@ def main() -> None:
         say(f"generated {edges} edges, {rows} rows in {len(messages)} messages ({time.monotonic() - started:.1f}s)")
         # The Parquet path by itself before any server starts (a loaded Neo4j samples its indexes and
         # checkpoints in the background), and plain files of the same edges in as many writes.
-        parquet_alone, alone_writes = store_alone(home / "alone", messages, [len(encode_lineage(*m)) for m in messages])
+        sizes = [len(encode_lineage(*m)) for m in messages]
+        parquet_alone, alone_writes = store_alone(str(home / "alone"), messages, sizes)
         parquet_baseline = baseline_parquet(home / "plain", messages, max(1, len(messages) // alone_writes))
-        say(f"Parquet path alone: {parquet_alone:.0f} edges/s (plain files: {parquet_baseline:.0f})")
+        say(f"store path alone: {parquet_alone:.0f} edges/s (plain files: {parquet_baseline:.0f})")
+        with S3Server(home / "s3") as s3:  # the same into a real S3 server (SeaweedFS) on this machine
+            os.environ.update(s3.environment())
+            s3_alone, _ = store_alone(s3.uri("alone"), messages, sizes)
+            s3_bytes = sum(LineageTables(s3.uri("alone"), "bench.edges").edges.files()["size_bytes"].to_pylist())
+        say(f"store path alone into S3: {s3_alone:.0f} edges/s, {s3_bytes / edges:.2f} bytes per edge")
         stack = Stack(home / "stack", ports={"broker": free_port(), "bolt": free_port(), "graph_http": free_port()})
         stack.up()
         try:
@@ -203,9 +221,11 @@ def main() -> None:
             if stats.edges != edges or stats.parquet_edges != edges:
                 raise SystemExit(f"indexed {stats.edges} edges into the graph and {stats.parquet_edges} into "
                                  f"Parquet, expected {edges}")
-            store_bytes = sum(p.stat().st_size for p in (home / "store").rglob("*") if p.is_file())
-            edge_files = sum(p.stat().st_size for p in (home / "store").rglob("edges/bucket=*/*.parquet"))
-            writes = max(1, len(list((home / "store").rglob("commits/*.json"))))
+            tables = LineageTables(home / "store", config.edges_topic)
+            store_bytes = sum(sum(t.files()["size_bytes"].to_pylist()) if t.version() is not None else 0
+                              for t in (tables.edges, tables.rows, tables.records))
+            edge_files = sum(tables.edges.files()["size_bytes"].to_pylist())
+            writes = len(Snapshot.of(home / "store", config.edges_topic).shard_ranges())
             compaction = compaction_figures(home / "store", config.edges_topic)
         finally:
             stack.down()
@@ -222,6 +242,8 @@ def main() -> None:
         "graph_edges_per_s": round(graph_rate),
         "parquet_edges_per_s": round(parquet_alone),
         "parquet_edges_per_s_beside_graph": round(beside_graph),
+        "s3_edges_per_s": round(s3_alone),
+        "s3_bytes_per_edge": round(s3_bytes / edges, 2),
         "end_to_end_edges_per_s": round(edges / wall),
         "bytes_per_edge": round(edge_files / edges, 2),
         "store_bytes_per_edge": round(store_bytes / edges, 2),
@@ -231,7 +253,8 @@ def main() -> None:
         "baseline_parquet_edges_per_s": round(parquet_baseline),
         "parquet_ratio_vs_plain_files": round(parquet_alone / parquet_baseline, 3),
         **compaction,
-        "targets": {"graph_edges_per_s": 20000, "parquet_edges_per_s": 200000, "bytes_per_edge": 16},
+        "targets": {"graph_edges_per_s": 20000, "parquet_edges_per_s": 200000, "s3_edges_per_s": 100000,
+                    "bytes_per_edge": 16},
     }))
 
 

@@ -101,11 +101,10 @@ def build_store(size: int, store_dir: Path, spark, args) -> dict:
     """The size's lineage into two shards of the Parquet store, compacted once 99% has arrived."""
     from headwater.indexer.compaction import compact
     from headwater.indexer.shard import Shard
-    from headwater.store.edges import shard_root
 
     started = time.monotonic()
     figures: dict = {}
-    shards = [Shard(shard_root(store_dir, TOPIC, p), TOPIC, p).open() for p in range(2)]
+    shards = [Shard(store_dir, TOPIC, p).open() for p in range(2)]
     written = 0
     for i, (nodes, edges) in enumerate(writes_of(size)):
         if size < args.compact_below and written < 0.99 * size <= written + edges.num_rows:

@@ -15,6 +15,9 @@
   version with what it needs that pyspark does not ship (``kafka-clients``, ``commons-pool2``,
   ``spark-token-provider-kafka-0-10``), from Maven Central: the jars a session reads ``format("kafka")`` with
   (``spark_kafka_jars``);
+- ``delta-spark``: Delta Lake's Spark connector (``io.delta:delta-spark_2.13``, with ``delta-storage``) for the
+  installed pyspark's line, from Maven Central, only its own jars (the rest pyspark ships): what a session reads
+  the lineage tables with, ``format("delta")`` (``delta_spark_jars``), as a user's Spark would;
 - ``neo4j``: Neo4j 5 Community (``org.neo4j:neo4j``, which brings Neo4j's own server, ``neo4j-server``, and
   its admin tool), from Maven Central: a folder of jars, the classpath of ``headwater.deploy.neo4j_server``;
 - ``chromium``: Debian's ``chromium``, which the explorer's browser tests drive with Playwright
@@ -59,6 +62,8 @@ KAFKA = (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", f"org.apache.kafka:kafk
 NEO4J_VERSION = "5.26.30"
 NEO4J = (f"org.neo4j:neo4j:{NEO4J_VERSION}",)
 SPARK_KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13"  # of pyspark's version: a connector of another fails
+# Delta's connector built against Spark 4.2 (4.0.x and 4.4.0's delta-spark_4.0 fail to load on it; 2026-12-05).
+DELTA_SPARK = ("io.delta:delta-spark_2.13:4.4.0",)
 
 
 class ToolUnavailable(RuntimeError):
@@ -161,6 +166,21 @@ def spark_kafka() -> Path:
     return cached(_maven_folder((coordinate,)), fetch)
 
 
+def delta_spark() -> Path:
+    """The folder of Delta Lake's Spark connector jars (``DELTA_SPARK`` and ``delta-storage``)."""
+    def fetch(into: Path) -> None:
+        _maven(DELTA_SPARK)(into)
+        for jar in into.glob("*.jar"):  # Hadoop, Jackson, Parquet: pyspark has its own
+            if not jar.name.startswith("delta-"):
+                jar.unlink()
+
+    return cached(_maven_folder(DELTA_SPARK), fetch)
+
+
+def delta_spark_jars() -> list[str]:
+    return sorted(str(jar) for jar in delta_spark().glob("*.jar"))
+
+
 def spark_kafka_jars() -> list[str]:
     """The jars of ``spark_kafka()``, as ``spark.jars`` takes them."""
     return sorted(str(jar) for jar in spark_kafka().glob("*.jar"))
@@ -182,7 +202,7 @@ def pyspark_jars() -> Path:
 
 
 TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": promtool, "kafka": kafka,
-                                        "neo4j": neo4j, "spark-kafka": spark_kafka,
+                                        "neo4j": neo4j, "spark-kafka": spark_kafka, "delta-spark": delta_spark,
                                         "grafana-schema": grafana_schema, "helm": helm,
                                         "compose-schema": compose_schema,
                                         "prometheus-operator-models": prometheus_operator_models,

@@ -263,7 +263,7 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None, comp
     options: dict[str, Any] = {k: v for k, v in (("threshold", threshold), ("buckets", buckets),
                                                  ("components", components)) if v is not None}
     try:
-        manifest = compaction.compact(spark, config.store_path(), config.edges_topic,
+        manifest = compaction.compact(spark, config.store_uri(), config.edges_topic,
                                       say=lambda s: click.echo(s, err=True), **options)
     except (compaction.CompactionBusy, ValueError) as exc:
         _fail(str(exc))

@@ -39,23 +39,24 @@ to be shallow.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from headwater.store import generation
-from headwater.store.edges import ROW_FIELDS, ROWS_SCHEMA, SHARD_BUCKETS, STORE_SCHEMA, EdgeStore, shard_root
-from headwater.store.generation import snapshot
+from headwater.store.edges import ROW_FIELDS, ROWS_SCHEMA, SHARD_GENERATION, STORE_SCHEMA, range_of
+from headwater.store.generation import Snapshot, generations_table
+from headwater.store.tables import FilesGone
 
 from . import metrics
 
@@ -161,20 +162,7 @@ def components(edges: DataFrame, src: str = "src", dst: str = "dst",
 
 
 class CompactionBusy(RuntimeError):
-    """Another compaction of the same topic is running."""
-
-
-def drop_covered(store_dir: Path, topic: str, covers: dict[int, dict], say: Callable[[str], None]) -> int:
-    """Drop the shards' ranges that a kept generation's ``covers`` hold; returns the bytes freed."""
-    ranges = freed = 0
-    for partition, covered in covers.items():
-        store = EdgeStore(shard_root(store_dir, topic, partition), SHARD_BUCKETS)
-        if store.identity(create=False) == covered["store"]:
-            r, b = store.drop(topic, partition, int(covered["next"]))
-            ranges, freed = ranges + r, freed + b
-    if ranges:
-        say(f"dropped {ranges} shard ranges ({freed / 1e6:.1f} MB) that generations hold")
-    return freed
+    """Another compaction of the same topic is running (or switched first)."""
 
 
 def _split_large(threshold: int):
@@ -209,7 +197,7 @@ def connected_sets(edges: DataFrame, rows: DataFrame, threshold: int,
     return small.unionByName(split)
 
 
-def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: int = THRESHOLD,
+def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, threshold: int = THRESHOLD,
             buckets: int = BUCKETS, say: Callable[[str], None] = lambda _: None,
             components: str = DEFAULT_COMPONENTS) -> dict:
     """Recompute the connected sets of ``topic`` and switch to them; returns the manifest.
@@ -217,62 +205,109 @@ def compact(spark: SparkSession, store_dir: str | Path, topic: str, threshold: i
     ``components`` names how the weakly connected components are found (``COMPONENTS``); the manifest
     records it.
 
-    The input is the current generation and what the shards committed since it (its
-    covers). Once the new generation is current, the shards drop the ranges the
-    generation before it holds: that one is kept for readers still in it, and holds
-    them too.
+    The input is the edges table's current generation and the shards' ranges it does not hold, at one
+    snapshot. Spark works on a local scratch folder (the tables' files copied there first when they are in
+    S3); the new generation's files are then added to the tables and switched to in one commit
+    (``generation.py``), which also removes the files it took in. The generation before stays readable
+    until the next compaction, which removes its rows and the shards' records of the ranges it took.
     """
     started = time.monotonic()
     components_algorithm(components)  # an unknown name fails before anything is read
-    store_dir = Path(store_dir)
-    root = generation.compacted_root(store_dir, topic)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CompactionBusy(f"another compaction of {topic} is running (lock {root / '.lock'})") from None
-        previous = generation.Generation.current(store_dir, topic)
-        held = previous.covers() if previous else {}
-        covers, edge_files, row_files = snapshot(store_dir, topic, held, create=True)
-        say(f"compacting {len(edge_files)} new edge files of {len(covers)} shards"
-            + (f" onto generation {previous.number}" if previous else ""))
-        # A shard set aside and rebuilt from its partition's start (``Indexer.set_aside``) may
-        # hold edges the previous generation holds too (from its store before): kept once.
-        rebuilt = sorted(p for p, before in held.items() if p in covers and covers[p]["store"] != before["store"])
-        # So may a set-aside shard and its successor, when a new group read the topic again.
-        aside = sorted(k for k, c in covers.items()
-                       if isinstance(k, str) and c["next"] > held.get(k, {}).get("next", 0))
-        if previous:
-            edge_files += previous.edge_files()
-            row_files += previous.row_files()
-            if rebuilt:  # shards of ``held``, the previous generation's covers: none without one
-                say(f"shards {rebuilt} were rebuilt since generation {previous.number}: keeping one copy of each edge")
-        if aside:
-            say(f"set-aside shards {aside} have ranges no generation holds: keeping one copy of each edge")
-        if not edge_files:
-            raise ValueError(f"nothing to compact: no committed edges under {store_dir / topic}")
-        number = generation.next_number(root)
-        tmp = root / f"gen={number}{generation.TMP_MARK}{os.getpid()}"
-        try:
-            with _no_broadcast_joins(spark):
-                manifest = _write(spark, edge_files, row_files, tmp, threshold, buckets, say,
-                                  distinct=bool(rebuilt or aside), components=components)
-            manifest.update(generation=number, topic=topic, covers={str(p): n for p, n in covers.items()},
-                            threshold=threshold, buckets=buckets, components=components,
-                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            manifest["seconds"] = round(time.monotonic() - started, 3)
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-            os.replace(tmp, generation.generation_dir(root, number))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        generation.switch(root, number)
-        metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
-        say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
-            f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
-        freed = drop_covered(store_dir, topic, held, say)
+    snapshot = Snapshot.of(store, topic)
+    tables = snapshot.tables
+    previous = snapshot.current()
+    if not snapshot.shard_files and previous is None:
+        raise ValueError(f"nothing to compact: no committed edges in {tables.edges}")
+    number = max(snapshot.generation, generations_table(tables).applied(CLAIM) or 0) + 1
+    if generations_table(tables).commit(txn=(CLAIM, number)) is None:
+        raise CompactionBusy(f"another compaction of {topic} claimed generation {number}")
+    took = sorted(snapshot.shard_ranges())
+    stores = {store_id for store_id, _, _ in took}
+    # A shard set aside and rebuilt from its partition's start (``Indexer.set_aside``) may hold edges the
+    # previous generation or the old store holds too: kept once, from then on.
+    distinct = any(not s.endswith(".e0") for s in stores) or bool(previous and previous.manifest.get("distinct"))
+    say(f"compacting {len(snapshot.shard_files)} new edge files of {len(stores)} shard stores"
+        + (f" onto generation {previous.number}" if previous else "")
+        + ("; keeping one copy of each edge (a shard was set aside)" if distinct else ""))
+    with tempfile.TemporaryDirectory(prefix="headwater-compact-") as scratch:
+        local = Path(scratch)
+        edge_files = _local(tables.edges, [f["path"] for f in snapshot.shard_files], local / "in-edges")
+        row_files = _local(tables.rows, snapshot.shard_rows_files(), local / "in-rows")
+        if previous is not None:
+            edge_files += _local(tables.edges, [f["path"] for f in snapshot.generation_files], local / "in-edges")
+            row_files += _local(tables.rows, [_relative(tables.rows, p) for p in previous.row_files()],
+                                local / "in-rows")
+        out = local / "out"
+        with _no_broadcast_joins(spark):
+            manifest = _write(spark, edge_files, row_files, out, threshold, buckets, say, distinct=distinct,
+                              components=components)
+        manifest.update(generation=number, topic=topic, threshold=threshold, buckets=buckets,
+                        components=components, distinct=distinct, took=[list(r) for r in took],
+                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        say(f"sets written; adding generation {number} to {tables.location}")
+        for name, table in (("exits", tables.exits), ("dependencies", tables.dependencies), ("rows", tables.rows)):
+            table.commit([table.add_file(str(p), {"generation": number})
+                          for p in sorted((out / name).glob("*.parquet"))])
+        added = [tables.edges.add_file(str(p), {"generation": number, "bucket": int(p.parent.name.split("=", 1)[1])})
+                 for p in sorted((out / "edges").glob("bucket=*/*.parquet"))]
+    manifest["seconds"] = round(time.monotonic() - started, 3)
+    generations = generations_table(tables)
+    generations.commit([generations.write_file(pa.table({
+        "generation": [number], "buckets": [buckets], "manifest": [json.dumps(manifest)]}))])
+    removed = [f["path"] for f in snapshot.shard_files + snapshot.generation_files]
+    try:
+        tables.edges.commit(added, removed, metadata={"headwater.operation": f"compact generation {number}"})
+    except FilesGone as exc:
+        raise CompactionBusy(f"another compaction of {topic} switched first: {exc}") from None
+    metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
+    say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
+        f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
+    freed = _remove_superseded(tables, number, previous, say)
     return {**manifest, "dropped_bytes": freed}
+
+
+CLAIM = "compaction"  # the generations table's app id: the generation number a compaction claimed
+
+
+def _relative(table, path: str) -> str:
+    return path.removeprefix(table.file_path(""))
+
+
+def _local(table, paths: list[str], folder: Path) -> list[str]:
+    """The files as local paths Spark reads: themselves on a local disk, else copies in ``folder``."""
+    if not table.location.is_s3:
+        return [table.file_path(p) for p in paths]
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for i, path in enumerate(paths):
+        copy = folder / f"{len(list(folder.iterdir()))}-{i}.parquet"
+        pafs.copy_files(table.file_path(path), str(copy), source_filesystem=table.filesystem,
+                        destination_filesystem=pafs.LocalFileSystem())
+        copies.append(str(copy))
+    return copies
+
+
+def _remove_superseded(tables, number: int, previous, say: Callable[[str], None]) -> int:
+    """Remove what no reader of generation ``number`` or of the one before it needs: older generations' rows,
+    exits and dependencies, and the shards' records of the ranges the one before took; then vacuum."""
+    keep = {number, previous.number if previous else number}
+    took = {tuple(r) for r in previous.manifest.get("took", [])} if previous else set()
+    freed = 0
+    for table in (tables.rows, tables.exits, tables.dependencies, tables.records):
+        files = table.files().to_pylist()
+        gone = [f for f in files
+                if (f.get("partition.generation") not in (None, SHARD_GENERATION)
+                    and f["partition.generation"] not in keep)
+                or (f.get("partition.generation", SHARD_GENERATION) == SHARD_GENERATION and f.get("min.store")
+                    and range_of(f) in took)]
+        if gone:
+            table.commit(removed=[f["path"] for f in gone])
+            freed += sum(int(f["size_bytes"]) for f in gone)
+    for table in (tables.edges, tables.rows, tables.exits, tables.dependencies, tables.records):
+        table.vacuum()
+    if freed:
+        say(f"removed {freed / 1e6:.1f} MB that generation {number} superseded")
+    return freed
 
 
 @contextmanager

@@ -1,20 +1,20 @@
-"""``headwater index``: the consumer group from the edges and log topics to the graph and the Parquet store.
+"""``headwater index``: the consumer group from the edges and log topics to the graph and the lineage tables.
 
 A poll batch of an edges partition is cut into runs of about ``WRITE_BYTES`` of
 payload, each one write: its messages are decoded (those that cannot be, or whose
 edges name rows they do not describe, go to the dlq topic with the reason), their
 rows and edges go to the graph in one transaction (``graph.py``: replays are skipped),
-and at the same time their edges are appended to the partition's shard of the Parquet
-store. The shard's commit file is written only once the graph write has succeeded, and
-the Kafka offset is committed only after both. On assignment, a partition resumes
-where its shard's last committed range ends, so a crash at any point writes no edge
-twice into the store.
+and at the same time their edges are written as the partition's shard's files of the
+lineage tables (``store/edges.py``). The shard's Delta commit is made only once the graph
+write has succeeded, and the Kafka offset is committed only after both. On assignment, a
+partition resumes where the edges table says its shard's last committed range ends (the
+commit's application transaction), so a crash at any point writes no edge twice into the store.
 
 A log record goes to the graph, then to the store's batch log (``batch_log.py``: the
 gap map, readable without the graph); its offset is committed once both hold it.
 
 A graph that is away (connection lost, transient errors) is retried from the first
-unwritten message, and so is a store that fails (``OSError``); a write the graph
+unwritten message, and so is a store that fails (``OSError``, a Delta error); a write the graph
 rejects is retried message by message, and the messages it still rejects go to the dlq.
 """
 
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import pyarrow as pa
+from deltalake.exceptions import DeltaError
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata
@@ -49,8 +50,7 @@ from headwater.core.schema import (
     decode_log,
 )
 from headwater.store.batch_log import BatchLogWriter
-from headwater.store.edges import shard_root
-from headwater.store.generation import SET_ASIDE
+from headwater.store.edges import LineageTables
 from headwater.store.graph import GraphWriter
 from headwater.store.plans import PlanStore
 
@@ -72,7 +72,7 @@ FAULT_PAUSE_ENV = "HEADWATER_INDEXER_FAULT_PAUSE_S"
 
 # Failures that pass: the write is retried. Any other failure is the message's own
 # fault and sends it to the dlq.
-RETRYABLE = (ServiceUnavailable, SessionExpired, TransientError, OSError)
+RETRYABLE = (ServiceUnavailable, SessionExpired, TransientError, OSError, DeltaError)
 REJECTED = (Neo4jError, ValueError, TypeError, KeyError)
 
 
@@ -183,22 +183,20 @@ class Indexer:
         """The store shard of an edges partition, opened (recovered, index rebuilt) on first use."""
         if partition not in self.shards:
             started = time.monotonic()
-            shard = Shard(shard_root(self.store_dir, self.config.edges_topic, partition),
-                          self.config.edges_topic, partition).open()
+            shard = Shard(self.config.store_uri(), self.config.edges_topic, partition).open()
             self.shards[partition] = shard
             self.say(f"store shard {self.config.edges_topic}/{partition}: resuming at offset {shard.resume} "
                      f"({len(shard.index.parent)} rows indexed, {time.monotonic() - started:.1f}s)")
         return self.shards[partition]
 
     def set_aside(self, partition: int) -> Shard:
-        """Move a shard out of the store (kept on disk, never read) and start the partition afresh."""
-        root = shard_root(self.store_dir, self.config.edges_topic, partition)
-        aside = root.parent / SET_ASIDE / f"{root.name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-        aside.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(root, aside)
+        """Start the partition's shard afresh under a new store id: the old one's data stay in the tables, read
+        as before and taken in by the next compaction (``store/edges.py``)."""
+        old = self.shard(partition).store.identity()
+        new = LineageTables(self.config.store_uri(), self.config.edges_topic).set_aside(partition)
         self.shards.pop(partition, None)
         self.say(f"store shard {self.config.edges_topic}/{partition}: the consumer group has no offset for it, "
-                 f"so it was set aside in {aside} and is rebuilt from the topic")
+                 f"so its store {old} was set aside and {new} is rebuilt from the topic")
         return self.shard(partition)
 
     def release(self, partitions: list[int]) -> None:

@@ -1,10 +1,9 @@
-"""One partition of the edges topic in the Parquet store: its edge files and its set index.
+"""One partition of the edges topic in the store: its writes into the topic's tables and its set index.
 
-Each partition of the edges topic is a shard of its own, under
-``<store_dir>/<edges topic>/partition=<P>/``, so replicas that own different partitions
-never write the same files, and a partition that moves between replicas takes its
-whole state with it: the new owner ``open``s the shard, which recovers the store and
-rebuilds the set index from what the store committed.
+Each partition of the edges topic is a shard of its own (``EdgeStore``: what it writes is tagged with its
+store id), so replicas that own different partitions never write the same range, and a partition that
+moves between replicas takes its whole state with it: the new owner ``open``s the shard, which recovers the
+store and rebuilds the set index from what the store committed.
 
 ``write`` adds the edges of one offset range. Rows of static tables (nodes with a
 ``key``) are dimension rows that every order may join; their edges are cut from the
@@ -12,7 +11,7 @@ start (they join no sets, and are recorded as set dependencies instead), which i
 split ``sets.connected_sets`` makes of such a hub. The pairs cut are recorded beside
 the other set-index records, so a restart cuts the same ones.
 
-Once a compaction drops the ranges a generation holds (``EdgeStore.drop``), the next
+Once a compaction takes the shard's ranges into a generation (``generation.py``), the next
 write rebuilds the set index from the ranges left: the index holds the rows of what
 no generation holds yet, not every row the stream ever had. A row seen again after
 that gets a rows record in a second set; a reader of the shard takes every rows
@@ -21,7 +20,7 @@ record of a rid (the sets it names are all the row's).
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Callable
 
 import numpy as np
@@ -37,6 +36,7 @@ from headwater.store.edges import (
     SHARD_BUCKETS,
     EdgeStore,
 )
+from headwater.store.tables import Location
 
 from .set_index import Recorded, SetIndex
 
@@ -77,17 +77,18 @@ def static_datasets(nodes: pa.Table) -> set[str]:
 
 
 class Shard:
-    def __init__(self, root: str | Path, topic: str, partition: int, buckets: int = SHARD_BUCKETS):
+    def __init__(self, store: "str | os.PathLike | Location", topic: str, partition: int,
+                 buckets: int = SHARD_BUCKETS):
         self.topic = topic
         self.partition = partition
-        self.store = EdgeStore(root, buckets)
+        self.store = EdgeStore(store, topic, partition, buckets)
         self.index = SetIndex()
         self.resume = 0  # the next offset the store does not hold
         self._compacted: int | None = None  # the store's compacted_stamp the index was built at
 
     def open(self) -> "Shard":
         """Recover the store after a crash and rebuild the set index from its records."""
-        self.resume = self.store.recover().get((self.topic, self.partition), 0)
+        self.resume = self.store.recover()
         self._compacted = self.store.compacted_stamp()
         self.index = self._restored()
         return self
@@ -129,9 +130,7 @@ class Shard:
         try:
             table = edges.append_column("src_set", pa.array(recorded.src_set, pa.int64())) \
                          .append_column("dst_set", pa.array(recorded.dst_set, pa.int64()))
-            written = self.store.append(table, self.topic, self.partition, first, last,
-                                        _records(recorded, lookup, cut),
-                                        before_commit)
+            written = self.store.append(table, first, last, _records(recorded, lookup, cut), before_commit)
         except BaseException:
             self.index.undo(recorded)
             self.index.cut -= cut

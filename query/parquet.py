@@ -1,11 +1,11 @@
-"""Lineage over the Parquet store: CSProv (read only the sets that matter) and the naive recursive baseline (RQ).
+"""Lineage over the lineage tables: CSProv (read only the sets that matter) and the naive recursive baseline (RQ).
 
-The store of an edges topic is its current compacted generation plus each shard's
-ranges the generation does not hold yet (``generation.snapshot``), set-aside shards'
-(``Indexer.set_aside``) included: a ``StoreView`` reads the latter whole, into memory
-(they are what arrived since the last compaction), and the generation as the backend
-needs it. A set-aside shard and its successor may both hold an edge or a row: the walk
-takes an edge twice as once, and a row's first record is kept.
+The store of an edges topic is, at one version of its edges table (``generation.Snapshot``), its current
+compacted generation plus the shards' ranges the generation does not hold yet, set-aside shards'
+(``Indexer.set_aside``) included: a ``StoreView`` reads the latter whole, into memory (they are what
+arrived since the last compaction), and the generation as the backend needs it. A set-aside shard and its
+successor may both hold an edge or a row: the walk takes an edge twice as once, and a row's first record is
+kept. Locally or in S3 alike: the tables' files are read through pyarrow's filesystem of the store.
 
 - ``CSProvBackend`` (CSProv §III): an edge lies in its dst's set, so a backward step
   reads the sets of the frontier's rows, and a forward step those sets and the ones the
@@ -22,8 +22,6 @@ Both give ``walk.walk``'s answer, the one the Cypher backend gives too.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -32,15 +30,12 @@ from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
 from headwater.store.batch_log import BatchLog
 from headwater.store.edges import ROWS_SCHEMA, STORE_SCHEMA
-from headwater.store.generation import Generation, snapshot
+from headwater.store.generation import Generation, Snapshot
+from headwater.store.tables import Location
 
 from .backend import StoreAccess, WalkingBackend, register
 
 EDGE_COLUMNS = EDGE_SCHEMA.names
-
-
-def _read(files: list[str], schema: pa.Schema) -> pa.Table:
-    return ds.dataset(files, format="parquet", schema=schema).to_table() if files else schema.empty_table()
 
 
 def _adjacent(edges: pa.Table, column: str, frontier: list[int]) -> pa.Table:
@@ -50,16 +45,18 @@ def _adjacent(edges: pa.Table, column: str, frontier: list[int]) -> pa.Table:
 class StoreView:
     """The current generation and the shards' ranges it does not hold, as one reader sees them at its start."""
 
-    def __init__(self, store_dir: str | Path, topic: str, attempts: int = 3):
+    def __init__(self, store: "str | Location", topic: str, attempts: int = 3):
         for attempt in range(attempts):
-            self.generation = Generation.current(store_dir, topic)
-            held = self.generation.covers() if self.generation else None
-            _, edge_files, row_files = snapshot(Path(store_dir), topic, held)
+            snapshot = Snapshot.of(store, topic)
+            self.generation: Generation | None = snapshot.current()
+            tables = snapshot.tables
             try:
-                self.recent_edges = _read(edge_files, STORE_SCHEMA).select(EDGE_COLUMNS)
-                self.recent_rows = _read(row_files, ROWS_SCHEMA)
+                self.recent_edges = tables.edges.read([f["path"] for f in snapshot.shard_files], EDGE_COLUMNS)
+                self.recent_rows = tables.rows.read(snapshot.shard_rows_files(), ROWS_SCHEMA.names)
+                if self.generation is not None:
+                    self.generation.rows([])  # its rows are still there, else FileNotFoundError
                 return
-            except FileNotFoundError:  # two compactions switched meanwhile and dropped them: look again
+            except FileNotFoundError:  # two compactions switched meanwhile and removed them: look again
                 if attempt == attempts - 1:
                     raise
 
@@ -84,7 +81,7 @@ class _ParquetBackend(WalkingBackend):
 
     def __init__(self, config: Config, view: StoreView | None = None):
         self.config = config
-        self.view = view or StoreView(config.store_path(), config.edges_topic)
+        self.view = view or StoreView(config.store_uri(), config.edges_topic)
         self.log = BatchLog(config.store_path(), config.log_topic)
 
     def _records(self, rids) -> dict[int, dict]:
@@ -145,7 +142,8 @@ class RecursiveBackend(_ParquetBackend):
         gen, recent = self.view.generation, self.view.recent_edges
         near = "dst" if backward else "src"
         files = gen.edge_files() if gen is not None else []
-        everything = ds.dataset(files, format="parquet", schema=STORE_SCHEMA) if files else None
+        everything = ds.dataset(files, format="parquet", schema=STORE_SCHEMA,
+                                filesystem=gen.tables.edges.filesystem) if gen is not None and files else None
 
         def step(frontier: list[int]) -> pa.Table:
             wanted = pa.array(frontier, pa.int64())

@@ -1,55 +1,55 @@
-"""The Parquet edge store: edges bucketed by connected set, written exactly once per offset range.
+"""The edge store: an edges topic's lineage in Delta tables, written exactly once per offset range.
 
-Layout under the store's root:
+An edges topic's tables live under ``<store>/<topic>/`` (``store/tables.py`` opens them, locally or in S3):
 
-    edges/bucket=B/<topic>~<partition>~<first>~<last>.parquet
-    rows/…, aliases/…, dependencies/…  (the set index's records, same names)
-    commits/<topic>~<partition>~<first>~<last>.json
-    store.json       this store's id (a shard set aside and rebuilt is a new store) and buckets
-    compacted.json   per partition, the offset below which a compacted generation holds
-                     the edges and the ranges were dropped here (``drop``)
+    edges/generation=G/bucket=B/…   the edges (``STORE_SCHEMA``) and, per file, the range that wrote it
+    rows/generation=G/…              rows records: each rid's set, kind, dataset and coordinates
+    records/kind=K/…                 the shards' other set-index records (aliases, dependencies, cut)
+    exits/…, dependencies/…          a compacted generation's crossings between sets (``generation.py``)
 
-One ``append`` holds the edges of Kafka messages ``first..last`` of one partition. Its
-rows go to the buckets of their dst sets (``B = dst_set mod buckets``), sorted by
-``(dst_set, dst)`` so a set's edges are contiguous and row-group statistics skip the
-rest. Each file is written under a temporary name and renamed; the commit file, written
-last, is what makes the range part of the store. ``recover`` deletes bucket files
-without a commit (a write cut short) and returns, per partition, the offset to resume
-from; a restarted indexer seeks there, so a crash anywhere writes no edge twice.
-Ranges a compacted generation holds are dropped (``drop``); ``compacted.json`` keeps
-where they ended, so the store still resumes past them.
+Generation 0 is what the indexer's shards write; a compaction writes generation N > 0 (``generation.py``)
+and, in the same Delta commit, removes the generation-0 files it took in and the generation before.
 
-``src_set`` is stored only where it differs from ``dst_set`` (null otherwise): most
-edges stay inside a set, and a null costs a bit, not 8 bytes.
+A shard is one edges partition's writer (``EdgeStore``). It tags what it writes with its store id
+(``store``: the partition and its epoch, ``p3.e0``; a shard set aside starts the next epoch, so its data stay
+in the same tables, told apart by the id) and the range (``first``, ``last``: Kafka offsets). One ``append``
+holds the edges of messages ``first..last``: its rows go to the buckets of their dst sets
+(``B = dst_set mod buckets``), sorted by ``(dst_set, dst)`` so a set's edges are contiguous and row-group
+statistics skip the rest. The set index's records are committed first, then the edges, in a Delta commit
+whose application transaction (``txn``, app id ``<topic>/<store id>``) records ``last``: the table itself
+says where the shard resumes (``recover``), and a replay of a committed range commits nothing, even when a
+former owner of the partition writes it at the same time (``tables.Table.commit``). Records of a range
+whose edges never committed (a crash between the commits) are deleted by ``recover``.
+
+``src_set`` is stored only where it differs from ``dst_set`` (null otherwise): most edges stay inside a set,
+and a null costs a bit, not 8 bytes. ``store``, ``first`` and ``last`` are one value per file: a dictionary
+page each.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import uuid
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
 
+from .tables import Location, Table
+
 STORE_SCHEMA = pa.schema(list(EDGE_SCHEMA) + [pa.field("src_set", pa.int64()),
                                              pa.field("dst_set", pa.int64(), nullable=False)])
-_SEP = "~"
 # What the set index records beside the edges, committed with them (``set_index.Recorded``).
 RECORDS = ("rows", "aliases", "dependencies", "cut")
-IDENTITY = "store.json"
-COMPACTED = "compacted.json"
-
-# Buckets of a shard's store: each write puts one file in each bucket its sets fall in, so fewer
+# Buckets of a shard's writes: each write puts one file in each bucket its sets fall in, so fewer
 # buckets mean bigger files (on the bench workload, 8 buckets: 11.7 bytes per edge in
 # the edge files at 198,000 edges/s; 64 buckets: 18.2 bytes at 85,000 edges/s).
 SHARD_BUCKETS = 8
+SHARD_GENERATION = 0  # the generation the shards write; compactions write 1, 2, …
 # A row's dataset is kept with its set (compaction splits large components along
 # datasets), and what the query tier answers with: its kind and where it came from.
 ROW_FIELDS = ("kind", "dataset", "topic", "partition", "offset", "key", "path", "position")
@@ -59,20 +59,24 @@ ALIASES_SCHEMA = pa.schema([("old", pa.int64()), ("new", pa.int64())])
 DEPENDENCIES_SCHEMA = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64())])
 CUT_SCHEMA = pa.schema([("src_dataset", pa.string()), ("dst_dataset", pa.string())])
 
-
-def shard_root(store_dir: str | Path, topic: str, partition: int) -> Path:
-    return Path(store_dir) / topic / f"partition={partition}"
-
-
-def range_name(topic: str, partition: int, first: int, last: int) -> str:
-    if _SEP in topic or "/" in topic:
-        raise ValueError(f"topic name {topic!r} cannot name store files (no '{_SEP}' or '/')")
-    return f"{topic}{_SEP}{partition}{_SEP}{first:012d}{_SEP}{last:012d}"
-
-
-def parse_range(name: str) -> tuple[str, int, int, int]:
-    topic, partition, first, last = name.split(_SEP)
-    return topic, int(partition), int(first), int(last)
+# Each file's writer and range: the shard's store id and its Kafka offsets (null in a generation's files).
+RANGE_FIELDS = [pa.field("store", pa.string()), pa.field("first", pa.int64()), pa.field("last", pa.int64())]
+EDGES_TABLE = pa.schema(list(STORE_SCHEMA) + RANGE_FIELDS
+                        + [pa.field("generation", pa.int64()), pa.field("bucket", pa.int64())])
+ROWS_TABLE = pa.schema(list(ROWS_SCHEMA) + [pa.field("has_in", pa.bool_()), pa.field("has_out", pa.bool_())]
+                       + RANGE_FIELDS + [pa.field("generation", pa.int64())])
+# aliases (a: old, b: new), dependencies (a: src_set, b: dst_set), cut (the two datasets)
+RECORDS_TABLE = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.int64()),
+                           pa.field("src_dataset", pa.string()), pa.field("dst_dataset", pa.string())]
+                          + RANGE_FIELDS + [pa.field("kind", pa.string())])
+_RECORD_COLUMNS = {"aliases": ("a", "b"), "dependencies": ("a", "b"), "cut": ("src_dataset", "dst_dataset")}
+_RECORD_SCHEMAS = {"aliases": ALIASES_SCHEMA, "dependencies": DEPENDENCIES_SCHEMA, "cut": CUT_SCHEMA}
+EXITS_TABLE = pa.schema([("src", pa.int64()), ("dst_set", pa.int64()), ("generation", pa.int64())])
+DEPENDENCIES_TABLE = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64()), ("generation", pa.int64())])
+# Writes a shard's files and its records' commits at once (``EdgeStore.append``).
+_WRITERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-store")
+# The edge files' encodings: dictionaries for the columns of few values, plain for rids and sets.
+EDGE_DICTIONARY = ["query", "op", "cols", "exact", "batch", "store", "first", "last"]
 
 
 def bucket_of(sets: np.ndarray, buckets: int) -> np.ndarray:
@@ -85,180 +89,199 @@ def with_src_sets(table: pa.Table) -> pa.Table:
                             pc.coalesce(table["src_set"], table["dst_set"]))
 
 
-def _key(topic: str, partition: int) -> str:
-    return f"{topic}{_SEP}{partition}"
+def _constant(table: pa.Table, store: str, first: int, last: int) -> pa.Table:
+    n = table.num_rows
+    return (table.append_column("store", pa.array([store] * n, pa.string()))
+            .append_column("first", pa.array(np.full(n, first), pa.int64()))
+            .append_column("last", pa.array(np.full(n, last), pa.int64())))
+
+
+class LineageTables:
+    """The Delta tables of one edges topic's lineage."""
+
+    def __init__(self, store: "str | os.PathLike | Location", topic: str):
+        if "/" in topic:
+            raise ValueError(f"topic name {topic!r} cannot name a store folder (no '/')")
+        self.location = Location.of(store).child(topic)
+        self.topic = topic
+        self.edges = Table(self.location.child("edges"), EDGES_TABLE, ["generation", "bucket"])
+        self.rows = Table(self.location.child("rows"), ROWS_TABLE, ["generation"])
+        self.records = Table(self.location.child("records"), RECORDS_TABLE, ["kind"])
+        self.exits = Table(self.location.child("exits"), EXITS_TABLE, ["generation"])
+        self.dependencies = Table(self.location.child("dependencies"), DEPENDENCIES_TABLE, ["generation"])
+
+    def epoch(self, partition: int) -> int:
+        """The partition's shard epoch: 0 until one is set aside (``set_aside``)."""
+        return self.edges.applied(f"{self.topic}/epoch/p{partition}") or 0
+
+    def set_aside(self, partition: int) -> str:
+        """Start the partition's next epoch: its shard's data stay, under the old store id; returns the new id."""
+        epoch = self.epoch(partition) + 1
+        self.edges.commit(txn=(f"{self.topic}/epoch/p{partition}", epoch))
+        return store_id(partition, epoch)
+
+
+def store_id(partition: int, epoch: int) -> str:
+    return f"p{partition}.e{epoch}"
+
+
+def range_of(file: dict) -> tuple[str, int, int]:
+    """A shard file's (store id, first, last), from its statistics (one value each per file)."""
+    return file["min.store"], int(file["min.first"]), int(file["min.last"])
 
 
 class EdgeStore:
-    def __init__(self, root: str | Path, buckets: int = 64):
-        self.root = Path(root)
+    """One edges partition's shard: its writes into the topic's tables, and its reads of them."""
+
+    def __init__(self, store: "str | os.PathLike | Location", topic: str, partition: int,
+                 buckets: int = SHARD_BUCKETS):
+        self.tables = LineageTables(store, topic)
+        self.topic = topic
+        self.partition = partition
         self.buckets = buckets
-        self.edges = self.root / "edges"
-        self.commits = self.root / "commits"
 
-    def _write_atomically(self, path: Path, write) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    @cached_property
+    def _id(self) -> str:
+        return store_id(self.partition, self.tables.epoch(self.partition))
 
-    def identity(self, create: bool = True) -> str | None:
-        """This store's id, made on first use (by whichever process gets there first); None if none yet and not
-        ``create``."""
-        path = self.root / IDENTITY
-        if not path.exists():
-            if not create:
-                return None
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{IDENTITY}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"id": uuid.uuid4().hex, "buckets": self.buckets}))
-            try:
-                os.link(tmp, path)  # fails if another process made it first: then that one holds
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
-        found = json.loads(path.read_text())
-        if found["buckets"] != self.buckets:
-            raise ValueError(f"the store {self.root} was written with {found['buckets']} buckets, "
-                             f"not {self.buckets}")
-        return found["id"]
+    def identity(self) -> str:
+        """This shard's store id: the partition and its epoch."""
+        return self._id
 
-    def append(self, edges: pa.Table, topic: str, partition: int, first: int, last: int,
-               records: dict[str, pa.Table] | None = None, before_commit: Callable[[], None] | None = None) -> int:
-        """Add the edges of messages ``first..last`` of ``topic``/``partition``; returns the bytes written.
+    @property
+    def app_id(self) -> str:
+        return f"{self.topic}/{self.identity()}"
 
-        ``edges`` has ``EDGE_SCHEMA``'s columns plus ``src_set`` and ``dst_set``;
-        ``records`` are tables of ``RECORDS`` kinds committed with them (the set index's).
-        ``before_commit`` runs once the files are written, before the commit file; if it
-        raises, nothing is committed (the indexer waits there for the graph's write).
+    def append(self, edges: pa.Table, first: int, last: int, records: dict[str, pa.Table] | None = None,
+               before_commit: Callable[[], None] | None = None) -> int:
+        """Add the edges of messages ``first..last``; returns the bytes written (0: the store holds them).
+
+        ``edges`` has ``EDGE_SCHEMA``'s columns plus ``src_set`` and ``dst_set``; ``records`` are tables of
+        ``RECORDS`` kinds committed with them (the set index's). ``before_commit`` runs once the files are
+        written, before the edges' commit; if it raises, the edges are not committed (the indexer waits
+        there for the graph's write).
         """
-        name = range_name(topic, partition, first, last)
         unknown = set(records or {}) - set(RECORDS)
         if unknown:
             raise ValueError(f"unknown record kind {sorted(unknown)}; known: {', '.join(RECORDS)}")
-        if (self.commits / f"{name}.json").exists() or last < self.compacted().get((topic, partition), 0):
-            return 0  # already in the store (a replay after a crash), or in a compacted generation
-        self.identity()
+        if last < self.resume():
+            return 0  # already in the store (a replay after a crash)
+        store = self.identity()
         table = edges.select(STORE_SCHEMA.names).cast(STORE_SCHEMA)
         table = table.set_column(table.schema.get_field_index("src_set"), "src_set",
                                  pc.if_else(pc.equal(table["src_set"], table["dst_set"]),
                                             pa.scalar(None, pa.int64()), table["src_set"]))
-        table = table.sort_by([("dst_set", "ascending"), ("dst", "ascending")])
+        table = _constant(table.sort_by([("dst_set", "ascending"), ("dst", "ascending")]), store, first, last)
         buckets = bucket_of(table["dst_set"].to_numpy(), self.buckets)
-        written = 0
-        for bucket in np.unique(buckets).tolist():
-            part = table.filter(pa.array(buckets == bucket))
-            path = self.edges / f"bucket={bucket}" / f"{name}.parquet"
-            self._write_atomically(path, lambda tmp, part=part: pq.write_table(
-                part, tmp, compression="zstd", use_dictionary=["query", "op", "cols", "exact", "batch"]))
-            written += path.stat().st_size
-        for kind, records_table in (records or {}).items():
-            path = self.root / kind / f"{name}.parquet"
-            self._write_atomically(path, lambda tmp, t=records_table: pq.write_table(t, tmp, compression="zstd"))
-            written += path.stat().st_size
+        # The bucket files and the records' two commits at once: writing Parquet and S3's round trips leave
+        # the interpreter free, and only the edges' commit must wait for the records'.
+        edge_files = [_WRITERS.submit(self.tables.edges.write_file, table.filter(pa.array(buckets == bucket)),
+                                      {"generation": SHARD_GENERATION, "bucket": bucket}, name=store,
+                                      use_dictionary=EDGE_DICTIONARY)
+                      for bucket in np.unique(buckets).tolist()]
+        recorded = [_WRITERS.submit(commit, store, first, last) for commit in self._record_commits(records or {})]
+        files = [f.result() for f in edge_files]
+        written = sum(f.size for f in files) + sum(r.result() for r in recorded)
         if before_commit is not None:
             before_commit()
-        self._write_atomically(self.commits / f"{name}.json",
-                               lambda tmp: tmp.write_text(json.dumps({"edges": table.num_rows, "bytes": written})))
+        self.tables.edges.commit(files, txn=(self.app_id, last))
         return written
 
-    def committed(self) -> list[str]:
-        try:
-            return sorted(p.name[: -len(".json")] for p in self.commits.iterdir() if p.name.endswith(".json"))
-        except FileNotFoundError:
-            return []
+    def _record_commits(self, records: dict[str, pa.Table]) -> list[Callable[[str, int, int], int]]:
+        """One function per records table that writes and commits a write's records there; each returns the
+        bytes it wrote."""
+        commits = []
+        rows = records.get("rows")
+        if rows is not None:
+            def commit_rows(store: str, first: int, last: int) -> int:
+                n = rows.num_rows
+                found = rows.cast(pa.schema([ROWS_SCHEMA.field(name) for name in rows.column_names]))
+                found = _constant(found.append_column("has_in", pa.nulls(n, pa.bool_()))
+                                  .append_column("has_out", pa.nulls(n, pa.bool_())), store, first, last)
+                file = self.tables.rows.write_file(_complete(found, self.tables.rows.file_schema),
+                                                   {"generation": SHARD_GENERATION}, name=store)
+                self.tables.rows.commit([file])
+                return file.size
+            commits.append(commit_rows)
+        others = {kind: found for kind in ("aliases", "dependencies", "cut")
+                  if (found := records.get(kind)) is not None and found.num_rows}
+        if others:
+            def commit_others(store: str, first: int, last: int) -> int:
+                files = [self.tables.records.write_file(
+                    _complete(_constant(found.rename_columns(list(_RECORD_COLUMNS[kind])), store, first, last),
+                              self.tables.records.file_schema), {"kind": kind}, name=store)
+                         for kind, found in others.items()]
+                self.tables.records.commit(files)
+                return sum(f.size for f in files)
+            commits.append(commit_others)
+        return commits
 
-    def recover(self) -> dict[tuple[str, int], int]:
-        """Delete what an interrupted ``append`` left; returns ``{(topic, partition): next offset}``."""
-        done = set(self.committed())
-        for path in [*self.edges.glob("bucket=*/*"), *[p for kind in RECORDS for p in (self.root / kind).glob("*")]]:
-            stem = path.name[: -len(".parquet")] if path.name.endswith(".parquet") else None
-            if path.name.startswith(".") or stem not in done:
-                path.unlink(missing_ok=True)
-        for path in self.commits.glob(".*.tmp"):
-            path.unlink(missing_ok=True)
-        resume = self.compacted()
-        for name in done:
-            topic, partition, _, last = parse_range(name)
-            resume[(topic, partition)] = max(resume.get((topic, partition), 0), last + 1)
+    def resume(self) -> int:
+        """The next offset the store does not hold (past every range this shard committed)."""
+        applied = self.tables.edges.applied(self.app_id)
+        return 0 if applied is None else applied + 1
+
+    def recover(self) -> int:
+        """Delete the records of ranges whose edges never committed; returns the offset to resume from."""
+        resume = self.resume()
+        store = self.identity()
+        for table in (self.tables.rows, self.tables.records):
+            files = table.files().to_pylist()
+            if any(f.get("min.store") == store and int(f["min.last"]) >= resume for f in files):
+                table.delete(f"store = '{store}' AND last >= {resume}")
         return resume
 
-    def compacted(self) -> dict[tuple[str, int], int]:
-        """Per (topic, partition): the offset below which ranges were dropped (a generation holds them)."""
-        try:
-            found = json.loads((self.root / COMPACTED).read_text())
-        except FileNotFoundError:
-            return {}
-        return {(key.rsplit(_SEP, 1)[0], int(key.rsplit(_SEP, 1)[1])): int(below) for key, below in found.items()}
-
-    def compacted_stamp(self) -> int | None:
-        """Changes whenever ``drop`` drops something: the set index is rebuilt then."""
-        try:
-            return (self.root / COMPACTED).stat().st_mtime_ns
-        except FileNotFoundError:
-            return None
-
-    def drop(self, topic: str, partition: int, below: int) -> tuple[int, int]:
-        """Drop the committed ranges of ``topic``/``partition`` ending below offset ``below``: a generation holds them.
-
-        Where they ended is written first, then each commit file goes, then its data
-        files (a drop cut short leaves files without a commit: ``recover`` removes
-        them). Returns (ranges, bytes) dropped.
-        """
-        compacted = self.compacted()
-        if below <= compacted.get((topic, partition), 0):
-            return 0, 0
-        compacted[(topic, partition)] = below
-        self._write_atomically(self.root / COMPACTED, lambda tmp: tmp.write_text(
-            json.dumps({_key(t, p): b for (t, p), b in sorted(compacted.items())})))
-        ranges = freed = 0
-        for name in self.committed():
-            t, p, _, last = parse_range(name)
-            if (t, p) != (topic, partition) or last >= below:
-                continue
-            (self.commits / f"{name}.json").unlink()
-            ranges += 1
-            for path in [*self.edges.glob(f"bucket=*/{name}.parquet"),
-                         *(self.root / kind / f"{name}.parquet" for kind in RECORDS)]:
-                if path.exists():
-                    freed += path.stat().st_size
-                    path.unlink()
-        return ranges, freed
-
-    def files(self, sets=None) -> list[Path]:
-        """Committed bucket files; of the buckets of ``sets`` only, when given."""
-        done = set(self.committed())
+    def shard_files(self, sets=None) -> list[dict]:
+        """This shard's committed edge files that no generation holds yet (of the buckets of ``sets`` only,
+        when given): the add actions ``tables.Table.files`` lists."""
+        files = self.tables.edges.files().to_pylist()
         buckets = None if sets is None else set(bucket_of(np.asarray(list(sets)), self.buckets).tolist())
-        found: list[Path] = []
-        for folder in sorted(self.edges.glob("bucket=*")):
-            if buckets is not None and int(folder.name.split("=", 1)[1]) not in buckets:
-                continue
-            found.extend(p for p in sorted(folder.glob("*.parquet")) if p.name[: -len(".parquet")] in done)
-        return found
+        return [f for f in files if f["partition.generation"] == SHARD_GENERATION
+                and f.get("min.store") == self.identity()
+                and (buckets is None or f["partition.bucket"] in buckets)]
+
+    def committed(self) -> list[tuple[int, int]]:
+        """The (first, last) ranges of this shard's edges that no generation holds yet."""
+        return sorted({range_of(f)[1:] for f in self.shard_files()})
 
     def read(self, sets=None) -> pa.Table:
-        """Committed edges (of the dst sets ``sets``, when given), ``src_set`` filled in again."""
-        paths = self.files(sets)
-        if not paths:
-            return STORE_SCHEMA.empty_table()
-        table = pa.concat_tables(pq.read_table(p, schema=STORE_SCHEMA) for p in paths)
+        """Committed edges no generation holds yet (of the dst sets ``sets``, when given), ``src_set`` filled in."""
+        table = self.tables.edges.read([f["path"] for f in self.shard_files(sets)], STORE_SCHEMA.names)
         if sets is not None:
             table = table.filter(pc.is_in(table["dst_set"], pa.array(list(sets), pa.int64())))
         return with_src_sets(table)
 
-    def record_files(self, kind: str, committed=None) -> list[Path]:
-        """The committed files of one ``RECORDS`` kind (of the range names ``committed``, when given), in commit
-        order."""
-        done = set(self.committed() if committed is None else committed)
-        return sorted(p for p in (self.root / kind).glob("*.parquet") if p.name[: -len(".parquet")] in done)
-
     def records(self, kind: str) -> pa.Table | None:
-        """Every committed table of one ``RECORDS`` kind, in commit order; None if there is none."""
-        paths = self.record_files(kind)
-        return pa.concat_tables(pq.read_table(p) for p in paths) if paths else None
+        """This shard's committed records of one ``RECORDS`` kind that no generation holds yet, in commit
+        order; None if there is none."""
+        store = self.identity()
+        if kind == "rows":
+            files = [f for f in self.tables.rows.files().to_pylist()
+                     if f["partition.generation"] == SHARD_GENERATION and f.get("min.store") == store]
+            found = self.tables.rows.read([f["path"] for f in files], ROWS_SCHEMA.names + ["last"])
+            names = ROWS_SCHEMA.names
+        else:
+            files = [f for f in self.tables.records.files().to_pylist()
+                     if f["partition.kind"] == kind and f.get("min.store") == store]
+            found = self.tables.records.read([f["path"] for f in files], [*_RECORD_COLUMNS[kind], "last"])
+            found = found.rename_columns([*_RECORD_SCHEMAS[kind].names, "last"])
+            names = _RECORD_SCHEMAS[kind].names
+        if not found.num_rows:
+            return None
+        order = pc.sort_indices(found["last"])  # a file's rows in the order written, files by range
+        return found.take(order).select(names)
+
+    def compacted_stamp(self) -> int:
+        """The newest generation: a compaction took ranges from the shards when it changes."""
+        files = self.tables.edges.files()
+        return max(files["partition.generation"].to_pylist(), default=0) if files.num_rows else 0
 
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.files())
+        return sum(int(f["size_bytes"]) for f in self.shard_files())
+
+
+def _complete(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns it lacks as nulls."""
+    n = table.num_rows
+    return pa.table([table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema],
+                    schema=schema)

@@ -15,19 +15,21 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 
 class SortedFiles:
     """Parquet files whose row groups each hold a range of ``key`` (recorded in the footer's statistics)."""
 
-    def __init__(self, files: Sequence[str | Path], key: str, schema: pa.Schema | None = None):
+    def __init__(self, files: Sequence[str | Path], key: str, schema: pa.Schema | None = None,
+                 filesystem: pafs.FileSystem | None = None):
         self.key = key
         self.schema = schema
         self._files: list[pq.ParquetFile] = []
         lows, highs, where = [], [], []
         for path in files:
-            parquet = pq.ParquetFile(path)
+            parquet = pq.ParquetFile(str(path), filesystem=filesystem)
             column = parquet.schema_arrow.get_field_index(key)
             for group in range(parquet.metadata.num_row_groups):
                 chunk = parquet.metadata.row_group(group)

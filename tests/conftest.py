@@ -17,7 +17,7 @@ from headwater.deploy.kafka_server import KafkaServer
 from headwater.deploy.stack import Stack, free_port
 
 # Fixtures that start a server or a Spark session, or fetch a tool: a module whose tests use none is fast.
-_SLOW_FIXTURES = {"stack", "spark", "broker", "demo_home", "tools"}
+_SLOW_FIXTURES = {"stack", "spark", "broker", "demo_home", "tools", "s3"}
 
 
 def pytest_collection_modifyitems(items):
@@ -43,6 +43,27 @@ def stack(tmp_path_factory):
         yield local
     finally:
         local.down()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 server (SeaweedFS) on 127.0.0.1, its endpoint and credentials in this process's environment
+    (what the store's S3 clients read), started once for the session, stopped at its end."""
+    from headwater.deploy.s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    before = {name: os.environ.get(name) for name in server.environment()}
+    try:
+        server.start()
+        os.environ.update(server.environment())
+        yield server
+    finally:
+        server.stop()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +116,6 @@ def edges_published(config) -> list[tuple[bytes, dict]]:
 
 def local_file(path: str) -> str:
     """A file's local path, resolved, whether Spark names it as a URI (escaped) or not."""
-    from pathlib import Path
 
     from headwater.spark.table_files import uri_path
 
@@ -141,14 +161,12 @@ def records_read(query) -> dict[tuple[str, int, int], int]:
 
 
 def stored_edges(config) -> Counter:
-    """Every committed edge in every shard of the store, counted."""
-    from headwater.store.edges import EdgeStore
+    """Every committed edge of the store's edges table (shards and generations alike), counted."""
+    from headwater.store.edges import LineageTables
 
-    found: Counter = Counter()
-    for shard in sorted((Path(config.store_dir) / config.edges_topic).glob("partition=*")):
-        table = EdgeStore(shard).read()
-        found.update(zip(table["src"].to_pylist(), table["dst"].to_pylist(), table["query"].to_pylist()))
-    return found
+    edges = LineageTables(config.store_dir, config.edges_topic).edges
+    table = edges.read(edges.files()["path"].to_pylist(), ["src", "dst", "query"])
+    return Counter(zip(table["src"].to_pylist(), table["dst"].to_pylist(), table["query"].to_pylist()))
 
 
 def graph_edge_counts(config, queries: list[str]) -> Counter:

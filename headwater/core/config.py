@@ -57,7 +57,9 @@ class Config:
     send_timeout_s: float = 10.0  # longest wait for the broker's acknowledgements before spilling
     breaker_cooldown_s: float = 5.0  # after a failed send, how long everyone spills without trying
     overhead_budget: float = 0.0  # capture time over the batch's own time allowed per query; 0: no limit
-    store_dir: str = ""  # the indexer's Parquet edge store, one folder per edges partition; "": <home>/store
+    # The store: the lineage tables (Delta Lake, store/tables.py) and the batch log; a local folder or
+    # s3://bucket/prefix (S3's endpoint and credentials from the environment). "": <home>/store
+    store_dir: str = ""
     capture: str = "full"  # "log-only": traced queries log their batches (the gap map) but publish no edges
     # The key capture signs black boxes' functions with and the query tier checks before re-running one
     # (``core/signing.py``, ``query/narrow``); without one, lineage through black boxes stays a superset.
@@ -84,9 +86,18 @@ class Config:
         """The settings, but for the secrets a file or the environment gives (``SECRETS``)."""
         return {k: v for k, v in asdict(self).items() if k not in SECRETS}
 
+    def store_uri(self) -> str:
+        """The store's root: a local folder's absolute path, or ``s3://bucket/prefix``."""
+        if self.store_dir.startswith("s3://"):
+            return self.store_dir.rstrip("/")
+        return str(self.store_path())
+
     def store_path(self) -> Path:
-        """The Parquet edge store's folder."""
-        return Path(self.store_dir) if self.store_dir else default_home() / "store"
+        """The store's local folder, where the batch log and the plans are kept (not yet in the lineage tables)."""
+        if self.store_dir.startswith("s3://"):
+            raise ValueError(f"store_dir={self.store_dir}: the batch log and the plans are kept in a local folder "
+                             f"for now; only the lineage tables can be in S3 (store/README.md)")
+        return Path(self.store_dir).absolute() if self.store_dir else default_home() / "store"
 
     def with_overrides(self, **values) -> "Config":
         return replace(self, **{k: v for k, v in values.items() if v is not None})

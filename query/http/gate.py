@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 
 from headwater.core.config import Config
-from headwater.store.generation import store_version
+from headwater.store.edges import LineageTables
 
 from .. import api
 
@@ -93,9 +93,11 @@ class Clients:
         self.config = config
         self._lock = threading.Lock()
         self._shared: dict[str, api.LineageClient] = {}
-        self._idle: dict[str, list[tuple[api.LineageClient, tuple]]] = {}
-        self._latest: dict[str, tuple] = {}
+        self._idle: dict[str, list[tuple[api.LineageClient, int | None]]] = {}
+        self._latest: dict[str, int | None] = {}
         self._closed = False
+        # The lineage tables, kept open: a question reads only what their logs gained since the last one.
+        self._tables = LineageTables(config.store_uri(), config.edges_topic)
 
     @contextmanager
     def lease(self, backend: str):
@@ -107,8 +109,8 @@ class Clients:
                 client = self._shared[backend]
             yield client
             return
-        stamp = store_version(self.config.store_path(), self.config.edges_topic)
         with self._lock:
+            stamp = self._tables.edges.version()
             self._latest[backend] = stamp
             idle = self._idle.setdefault(backend, [])
             stale = [c for c, made in idle if made != stamp]

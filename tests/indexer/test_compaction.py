@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import random
 import shutil
@@ -21,8 +20,8 @@ from headwater.indexer import metrics
 from headwater.indexer.compaction import COMPONENTS, CompactionBusy, compact
 from headwater.indexer.sets import components
 from headwater.indexer.shard import Shard
-from headwater.store.edges import shard_root
-from headwater.store.generation import Generation, compacted_root
+from headwater.store.edges import LineageTables, with_src_sets
+from headwater.store.generation import Generation, Snapshot
 from tests.indexer.test_sets import random_lineage, reach
 from tests.indexer.test_shard import pairs
 
@@ -66,7 +65,7 @@ def test_both_components_algorithms_compact_to_the_same_sets(spark, tmp_path):
         shutil.copytree(tmp_path / "store", tmp_path / algorithm)
         manifest = compact(spark, tmp_path / algorithm, "t.edges", threshold=400, buckets=4, components=algorithm)
         assert manifest["components"] == algorithm and manifest["edges"] == len(produced)
-        rows = ds.dataset(Generation.current(tmp_path / algorithm, "t.edges").path / "rows").to_table()
+        rows = generation_rows(Generation.current(tmp_path / algorithm, "t.edges"))
         mappings[algorithm] = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
     first, *others = mappings.values()
     assert all(other == first for other in others)
@@ -76,7 +75,7 @@ def test_both_components_algorithms_compact_to_the_same_sets(spark, tmp_path):
 
 def write_shards(store_dir, topic: str, messages, partitions: int = 2, shards=None) -> list[tuple[int, int]]:
     """The messages into ``partitions`` shards (or ``shards``, open), as the indexer writes them; returns the edges."""
-    shards = shards or [Shard(shard_root(store_dir, topic, p), topic, p).open() for p in range(partitions)]
+    shards = shards or [Shard(store_dir, topic, p).open() for p in range(partitions)]
     produced = []
     for i in range(0, len(messages), 3):
         take = messages[i: i + 3]
@@ -88,8 +87,18 @@ def write_shards(store_dir, topic: str, messages, partitions: int = 2, shards=No
     return produced
 
 
+def generation_rows(gen: Generation) -> pa.Table:
+    return ds.dataset(gen.row_files(), format="parquet", filesystem=gen.tables.rows.filesystem).to_table()
+
+
 def generation_edges(gen: Generation) -> pa.Table:
-    return gen.edges(pc.unique(ds.dataset(gen.path / "rows", format="parquet").to_table()["set"]).to_pylist())
+    return gen.edges(pc.unique(generation_rows(gen)["set"]).to_pylist())
+
+
+def table_edges(store, topic: str) -> list[tuple[int, int]]:
+    """Every edge the edges table holds now (a generation's and the shards'), as Spark or DuckDB would read it."""
+    edges = LineageTables(store, topic).edges
+    return pairs(with_src_sets(edges.read(edges.files()["path"].to_pylist())))
 
 
 @pytest.mark.spark
@@ -103,8 +112,9 @@ def test_compaction_sets_hold_every_lineage_across_shards(spark, tmp_path):
     assert metrics.COMPACTION_SECONDS._sum.get() > before
 
     gen = Generation.current(tmp_path, "t.edges")
-    assert {**gen.manifest, "dropped_bytes": 0} == manifest and set(gen.covers()) == {0, 1}
-    rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
+    assert {**gen.manifest, "dropped_bytes": 0} == manifest
+    assert {r[0] for r in manifest["took"]} == {"p0.e0", "p1.e0"}
+    rows = generation_rows(gen)
     set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
     assert len(set_of) == rows.num_rows == len(datasets)  # every row once
     assert dict(zip(rows["rid"].to_pylist(), rows["dataset"].to_pylist())) == datasets
@@ -113,7 +123,7 @@ def test_compaction_sets_hold_every_lineage_across_shards(spark, tmp_path):
     assert {r: v for r, *v in zip(*[rows[c].to_pylist() for c in ["rid"] + fields])} == described
     assert any(v[2] is not None for v in described.values()) and any(v[4] is not None for v in described.values())
     stored = generation_edges(gen)
-    assert sorted(pairs(stored)) == sorted(produced)
+    assert sorted(pairs(stored)) == sorted(produced) == sorted(table_edges(tmp_path, "t.edges"))
     # Every edge lies in its dst's set, and names its src's.
     assert stored["dst_set"].to_pylist() == [set_of[d] for d in stored["dst"].to_pylist()]
     assert stored["src_set"].to_pylist() == [set_of[s] for s in stored["src"].to_pylist()]
@@ -149,37 +159,51 @@ def test_a_new_generation_replaces_the_current_one_whole(spark, tmp_path):
     produced = write_shards(tmp_path, "t.edges", messages[:4])
     compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
     first = Generation.current(tmp_path, "t.edges")
-    produced += write_shards(tmp_path, "t.edges", messages[4:])  # the shards go on growing
+    produced += write_shards(tmp_path, "t.edges", messages[4:5])  # the shards go on growing
 
-    root = compacted_root(tmp_path, "t.edges")
-    with open(root / ".lock", "w") as lock:  # a compaction is running
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with pytest.raises(CompactionBusy):
-            compact(spark, tmp_path, "t.edges")
+    # Two compactions at once: the one that switches second fails, and changes nothing.
+    def meanwhile(line: str) -> None:
+        if line.startswith("sets written"):
+            compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
+
+    with pytest.raises(CompactionBusy, match="switched first"):
+        compact(spark, tmp_path, "t.edges", threshold=100, buckets=4, say=meanwhile)
+    between = Generation.current(tmp_path, "t.edges")
+    assert between.number == first.number + 2  # the other's; this one's claim is not reused
+    assert sorted(pairs(generation_edges(between))) == sorted(produced) == sorted(table_edges(tmp_path, "t.edges"))
+    first = between
+    produced += write_shards(tmp_path, "t.edges", messages[5:])
     # A compaction that fails half-way (a shard file it cannot read) leaves the current generation as it was.
-    victim = Shard(shard_root(tmp_path, "t.edges", 1), "t.edges", 1).store.files()[-1]
+    tables = LineageTables(tmp_path, "t.edges")
+    shard_files = Snapshot.of(tmp_path, "t.edges").shard_files
+    victim = tmp_path / "t.edges" / "edges" / shard_files[-1]["path"]
     good = victim.read_bytes()
     victim.write_bytes(good[: len(good) // 2])
     with pytest.raises(Exception):
         compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
-    assert Generation.current(tmp_path, "t.edges").path == first.path
-    assert [p.name for p in root.glob("gen=*")] == [first.path.name]
+    assert Generation.current(tmp_path, "t.edges").number == first.number
+    assert {f["partition.generation"] for f in tables.edges.files().to_pylist()} == {0, first.number}
     victim.write_bytes(good)
 
     compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
     second = Generation.current(tmp_path, "t.edges")
-    assert second.manifest["generation"] == first.manifest["generation"] + 1
-    assert sorted(pairs(generation_edges(second))) == sorted(produced)
-    assert first.path.exists()  # kept for readers still in it, until the next switch
+    assert second.number > first.number + 1  # the claimed ones are never reused
+    assert sorted(pairs(generation_edges(second))) == sorted(produced) == sorted(table_edges(tmp_path, "t.edges"))
+    assert second.snapshot.shard_files == []
+    first_rows = {f["path"] for f in tables.rows.files().to_pylist() if f["partition.generation"] == first.number}
+    assert first_rows  # kept for readers still in it, until the next switch
     compact(spark, tmp_path, "t.edges", threshold=100, buckets=4)
-    assert not first.path.exists() and second.path.exists()
+    assert not first_rows & {f["path"] for f in tables.rows.files().to_pylist()}
+    # Time travel: the edges table's version before the second switch is the first generation and the shards.
+    before = tables.edges.delta(second.snapshot.version - 1)
+    assert before is not None
 
     # The same from the command line, in this process's Spark session.
     env = {"HEADWATER_STORE_DIR": str(tmp_path), "HEADWATER_EDGES_TOPIC": "t.edges"}
     result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--buckets", "4"], env=env)
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout.strip().splitlines()[-1])
-    assert printed["generation"] == second.manifest["generation"] + 2 and printed["edges"] == len(produced)
+    assert printed["generation"] > second.number + 1 and printed["edges"] == len(produced)
     assert spark.range(1).count() == 1  # the session was left running
     result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "compact", "--threshold", "0"], env=env)
     assert result.exit_code == 2 and "at least 1" in result.output
@@ -189,51 +213,48 @@ def test_a_new_generation_replaces_the_current_one_whole(spark, tmp_path):
 def test_compactions_build_on_the_last_generation_and_the_shards_shrink(spark, tmp_path):
     topic = "t.edges"
     messages = list(lineage_messages(27_000, seed=7, edges_per_message=1000))
-    shards = [Shard(shard_root(tmp_path, topic, p), topic, p).open() for p in range(2)]  # a running indexer's
+    shards = [Shard(tmp_path, topic, p).open() for p in range(2)]  # a running indexer's
     produced = write_shards(tmp_path, topic, messages[:12], shards=shards)
     first = compact(spark, tmp_path, topic, threshold=300, buckets=4)
-    assert first["dropped_bytes"] == 0  # no generation before it: the shards keep everything
-    assert {p: c["next"] for p, c in first["covers"].items()} == {"0": 6, "1": 6}
+    assert first["dropped_bytes"] == 0  # no generation before it: the shards' records stay
+    assert sorted(r[2] for r in first["took"]) == [2, 2, 5, 5]  # each shard's two writes, offsets 0-2 and 3-5
+    assert all(s.store.committed() == [] for s in shards)  # the generation holds them
 
     produced += write_shards(tmp_path, topic, messages[12:21], shards=shards)
     indexed = [len(s.index.parent) for s in shards]
-    size = sum(s.store.size_bytes() for s in shards)
     second = compact(spark, tmp_path, topic, threshold=300, buckets=4)
     gen = Generation.current(tmp_path, topic)
-    assert sorted(pairs(generation_edges(gen))) == sorted(produced)  # the first generation and the new ranges
-    # The ranges the first generation holds (kept: a reader may be in it) are gone from the shards.
-    assert second["dropped_bytes"] > 0 and sum(s.store.size_bytes() for s in shards) < size
+    assert sorted(pairs(generation_edges(gen))) == sorted(produced) == sorted(table_edges(tmp_path, topic))
+    # The records of the ranges the first generation took (kept: a reader may be in it) are gone.
+    assert second["dropped_bytes"] > 0
     for shard in shards:
-        assert all(int(name.split("~")[3]) >= 6 for name in shard.store.committed())
-        reopened = Shard(shard.store.root, topic, shard.partition).open()
-        assert reopened.resume == shard.resume  # it resumes past what was dropped
+        reopened = Shard(tmp_path, topic, shard.partition).open()
+        assert reopened.resume == shard.resume  # it resumes past what the generations hold
         rows = reopened.store.records("rows")
         assert set(reopened.index.parent) >= set(rows["rid"].to_pylist())
         assert len(reopened.index.parent) < len(shard.index.parent)
 
-    # The running indexer's shards forget the dropped ranges' rows at their next write.
+    # The running indexer's shards forget the taken ranges' rows at their next write.
     produced += write_shards(tmp_path, topic, messages[21:27], shards=shards)
     assert all(len(s.index.parent) < before for s, before in zip(shards, indexed))
     third = compact(spark, tmp_path, topic, threshold=300, buckets=4)
     gen = Generation.current(tmp_path, topic)
     stored = generation_edges(gen)
     assert sorted(pairs(stored)) == sorted(produced) and third["edges"] == len(produced)
-    rows = ds.dataset(gen.path / "rows", format="parquet").to_table()
+    rows = generation_rows(gen)
     set_of = dict(zip(rows["rid"].to_pylist(), rows["set"].to_pylist()))
     assert len(set_of) == rows.num_rows  # each row once, though the shards recorded some twice
     assert stored["dst_set"].to_pylist() == [set_of[d] for d in stored["dst"].to_pylist()]
     check_lineage(gen, produced, sorted(set_of), random.Random(7))
 
     # A shard set aside and rebuilt from its partition's start: its edges are not held twice.
-    root = shard_root(tmp_path, topic, 1)
-    root.rename(tmp_path / "aside")
-    rebuilt = Shard(root, topic, 1).open()
+    LineageTables(tmp_path, topic).set_aside(1)
+    rebuilt = Shard(tmp_path, topic, 1).open()
     assert rebuilt.resume == 0
     again = write_shards(tmp_path, topic, messages[3:6] + messages[9:12], shards=[rebuilt, rebuilt])
     assert set(again) <= set(produced)
-    compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    assert len(table_edges(tmp_path, topic)) > len(produced)  # read twice until the next compaction
+    fourth = compact(spark, tmp_path, topic, threshold=300, buckets=4)
+    assert fourth["distinct"] and fourth["edges"] == len(produced)
     assert sorted(pairs(generation_edges(Generation.current(tmp_path, topic)))) == sorted(produced)
-    # Dropping what a generation held, with no generation holding it now, is refused.
-    shutil.rmtree(compacted_root(tmp_path, topic))
-    with pytest.raises(RuntimeError, match="does not hold them"):
-        compact(spark, tmp_path, topic)
+    assert sorted(table_edges(tmp_path, topic)) == sorted(produced)

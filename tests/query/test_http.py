@@ -41,7 +41,6 @@ from headwater.query.backend import Lineage, WalkingBackend
 from headwater.query.errors import LineageError
 from headwater.query.question import MAX_DEPTH
 from headwater.query.walk import Walk
-from headwater.store.edges import shard_root
 from tests.query.test_query_backends import oracle, pipeline, summary
 
 TOKEN = secrets.token_urlsafe(24)
@@ -83,7 +82,7 @@ def addressed(tag: str, messages: list, rows: dict) -> tuple[list, dict, dict]:
 
 def write(store_dir: Path, topic: str, messages: list, first: int = 0) -> None:
     """Messages into two shards, alternately (message ``first + i`` to shard ``(first + i) % 2``)."""
-    shards = [Shard(shard_root(store_dir, topic, p), topic, p).open() for p in range(2)]
+    shards = [Shard(store_dir, topic, p).open() for p in range(2)]
     for i, (nodes, edges) in enumerate(messages, first):
         shard = shards[i % 2]
         shard.write(nodes, edges, shard.resume, shard.resume)

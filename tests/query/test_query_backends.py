@@ -24,7 +24,6 @@ from headwater.query.cypher import CypherBackend
 from headwater.query.errors import LineageError
 from headwater.query.parquet import CSProvBackend, RecursiveBackend, StoreView
 from headwater.query.walk import is_target
-from headwater.store.edges import shard_root
 from headwater.store.graph import GraphWriter
 
 
@@ -147,7 +146,7 @@ def test_every_backend_gives_the_oracles_lineage(spark, stack_config, tmp_path):
     config = stack_config.with_overrides(store_dir=str(tmp_path), edges_topic=f"{tag}.edges")
     messages, rows = pipeline(seed=3, batches=8, tag=tag)
     writer = GraphWriter(config)
-    shards = [Shard(shard_root(tmp_path, config.edges_topic, p), config.edges_topic, p).open() for p in range(2)]
+    shards = [Shard(tmp_path, config.edges_topic, p).open() for p in range(2)]
     produced = []
     try:
         writer.ensure_schema()
@@ -313,7 +312,7 @@ def test_every_question_class_on_every_backend_matches_the_oracle(spark, stack_c
     rng = random.Random(11)
     writer = GraphWriter(config)
     log = BatchLogWriter(tmp_path, config.log_topic)
-    shards = [Shard(shard_root(tmp_path, config.edges_topic, p), config.edges_topic, p).open() for p in range(2)]
+    shards = [Shard(tmp_path, config.edges_topic, p).open() for p in range(2)]
     produced, statuses, dropped, times = [], {}, set(), {}
     try:
         writer.ensure_schema()

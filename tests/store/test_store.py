@@ -1,12 +1,22 @@
-"""The Parquet edge store: round trip, exactly once per offset range, recovery after a cut write."""
+"""The edge store: round trip, exactly once per offset range, recovery after a cut write; locally and in S3."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from headwater.store.edges import STORE_SCHEMA, EdgeStore
+from headwater.store.edges import STORE_SCHEMA, EdgeStore, LineageTables, with_src_sets
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.stack)])
+def where(request, tmp_path):
+    """The store's root: a local folder, or a fresh prefix of the session's S3 server's bucket."""
+    if request.param == "local":
+        return str(tmp_path)
+    return request.getfixturevalue("s3").uri(tmp_path.name)
 
 
 def edges(seed: int, n: int = 500, sets: int = 40) -> pa.Table:
@@ -24,115 +34,88 @@ def as_set(table: pa.Table) -> set:
     return set(zip(*[table[c].to_pylist() for c in STORE_SCHEMA.names]))
 
 
-def test_round_trip_and_reading_by_set(tmp_path):
-    store = EdgeStore(tmp_path, buckets=8)
+def test_round_trip_and_reading_by_set(where):
+    zero, one = EdgeStore(where, "edges", 0), EdgeStore(where, "edges", 1)
     a, b = edges(1), edges(2)
-    assert store.append(a, "edges", 0, 0, 9) > 0
-    assert store.append(b, "edges", 1, 0, 4) > 0
-    assert as_set(store.read()) == as_set(a) | as_set(b)
+    assert zero.append(a, 0, 9) > 0
+    assert one.append(b, 0, 4) > 0
+    assert as_set(zero.read()) == as_set(a) and as_set(one.read()) == as_set(b)
     wanted = set(a["dst_set"].to_pylist()[:3])
-    expected = {row for row in as_set(a) | as_set(b) if row[-1] in wanted}
-    assert as_set(store.read(wanted)) == expected
-    assert len(store.files(wanted)) < len(store.files())  # only their buckets are read
+    assert as_set(zero.read(wanted)) == {row for row in as_set(a) if row[-1] in wanted}
+    assert len(zero.shard_files(wanted)) < len(zero.shard_files())  # only their buckets are read
+    assert zero.committed() == [(0, 9)] and one.committed() == [(0, 4)]
 
 
-def test_a_replayed_range_is_not_written_twice(tmp_path):
-    store = EdgeStore(tmp_path, buckets=4)
+def test_a_replayed_range_is_not_written_twice(where):
+    store = EdgeStore(where, "edges", 0, buckets=4)
     a = edges(3)
-    store.append(a, "edges", 0, 10, 19)
-    assert store.append(a, "edges", 0, 10, 19) == 0
+    store.append(a, 10, 19)
+    assert store.append(a, 10, 19) == 0
+    assert EdgeStore(where, "edges", 0, buckets=4).append(a, 12, 19) == 0  # another writer of it: the table says
     assert store.read().num_rows == a.num_rows
-    assert store.recover() == {("edges", 0): 20}
+    assert store.recover() == 20
 
 
-def test_a_write_cut_short_is_undone_and_resumed(tmp_path, monkeypatch):
-    """A crash after some bucket files but before the commit: recovery removes them, the replay lands once."""
-    store = EdgeStore(tmp_path, buckets=8)
+def test_two_writers_of_one_range_at_once_commit_it_once(where):
+    """A partition's former owner and its new one write the same range at the same moment."""
+    a = edges(4, n=2000)
+    errors = []
+
+    def write() -> None:
+        try:
+            EdgeStore(where, "edges", 0).append(a, 0, 9)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    table = EdgeStore(where, "edges", 0).read()
+    assert table.num_rows == a.num_rows and as_set(table) == as_set(a)
+
+
+def test_a_write_cut_short_is_never_read_and_its_records_are_undone(where):
+    """A crash after the files and the records but before the edges' commit: readers never see the files,
+    recovery deletes the records, the replay lands once."""
+    store = EdgeStore(where, "edges", 0, buckets=8)
     first = edges(4)
-    store.append(first, "edges", 0, 0, 9)
+    store.append(first, 0, 9, records={"rows": pa.table({"rid": [1, 2], "set": [1, 1]})})
+
+    def crash():
+        raise OSError("killed")
+
     cut = edges(5)
-    real = EdgeStore._write_atomically
-    calls = []
-
-    def crash_after_three(self, path, write):
-        calls.append(path)
-        if len(calls) > 3:
-            raise OSError("killed")
-        real(self, path, write)
-
-    monkeypatch.setattr(EdgeStore, "_write_atomically", crash_after_three)
     with pytest.raises(OSError):
-        store.append(cut, "edges", 0, 10, 19)
-    monkeypatch.setattr(EdgeStore, "_write_atomically", real)
-    assert len(list((tmp_path / "edges").glob("bucket=*/*~000000000010~*"))) == 3  # orphans of the cut write
-    assert as_set(store.read()) == as_set(first)  # readers never see them
-
-    assert store.recover() == {("edges", 0): 10}
-    assert not list((tmp_path / "edges").glob("bucket=*/*~000000000010~*"))
-    store.append(cut, "edges", 0, 10, 19)
-    assert store.read().num_rows == first.num_rows + cut.num_rows
+        store.append(cut, 10, 19, records={"rows": pa.table({"rid": [3], "set": [3]}),
+                                           "aliases": pa.table({"old": [3], "new": [1]})}, before_commit=crash)
+    assert as_set(store.read()) == as_set(first)  # readers never see the cut write's edges
+    assert store.records("rows")["rid"].to_pylist() == [1, 2, 3]  # its records committed first
+    assert store.recover() == 10
+    assert store.records("rows")["rid"].to_pylist() == [1, 2] and store.records("aliases") is None
+    store.append(cut, 10, 19, records={"rows": pa.table({"rid": [3], "set": [3]})})
     assert as_set(store.read()) == as_set(first) | as_set(cut)
-
-
-def test_topic_names_that_cannot_name_files_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="cannot name store files"):
-        EdgeStore(tmp_path).append(edges(6), "a~b", 0, 0, 1)
-
-
-def test_records_commit_with_their_edges(tmp_path, monkeypatch):
-    store = EdgeStore(tmp_path, buckets=4)
-    rows = pa.table({"rid": [1, 2], "set": [1, 1]})
-    store.append(edges(7), "edges", 0, 0, 4, records={"rows": rows})
-    real = EdgeStore._write_atomically
-
-    def crash_on_commit(self, path, write):
-        if path.parent.name == "commits":
-            raise OSError("killed")
-        real(self, path, write)
-
-    monkeypatch.setattr(EdgeStore, "_write_atomically", crash_on_commit)
-    with pytest.raises(OSError):
-        store.append(edges(8), "edges", 0, 5, 9, records={"rows": pa.table({"rid": [3], "set": [3]})})
-    monkeypatch.setattr(EdgeStore, "_write_atomically", real)
-    assert store.records("rows").to_pylist() == rows.to_pylist()  # the uncommitted one is not seen
-    store.recover()
-    assert [p.name for p in (tmp_path / "rows").iterdir()] == ["edges~0~000000000000~000000000004.parquet"]
-    assert store.records("aliases") is None
+    assert store.records("rows")["rid"].to_pylist() == [1, 2, 3]
     with pytest.raises(ValueError, match="unknown record kind"):
-        store.append(edges(9), "edges", 0, 10, 11, records={"other": rows})
+        store.append(edges(9), 20, 21, records={"other": pa.table({"rid": [1]})})
 
 
-def test_dropped_ranges_stay_resumed_past_and_are_not_written_again(tmp_path):
-    store = EdgeStore(tmp_path, buckets=4)
-    parts = [edges(10 + i) for i in range(4)]
-    for i, part in enumerate(parts):
-        store.append(part, "edges", 0, 10 * i, 10 * i + 9)
-    store.append(edges(20), "edges", 1, 0, 9)  # another partition's range is not dropped
-    size = store.size_bytes()
-    stamp = store.compacted_stamp()
-    below_20 = sum(p.stat().st_size for p in store.files() if p.name.split("~")[1:3] in (["0", "000000000000"],
-                                                                                       ["0", "000000000010"]))
-
-    assert store.drop("edges", 0, 20) == (2, below_20)  # the ranges ending at 9 and 19
-    assert store.compacted_stamp() != stamp
-    assert as_set(store.read()) == as_set(parts[2]) | as_set(parts[3]) | as_set(edges(20))
-    assert len(store.committed()) == 3 and store.size_bytes() < size
-    assert not any(name.startswith("edges~0~000000000000") for name in
-                   [p.name for kind in ("rows", "edges/bucket=0", "edges/bucket=1")
-                    for p in (tmp_path / kind).glob("*")])
-    assert store.drop("edges", 0, 15) == (0, 0)  # already dropped below 20
-    store.drop("edges", 1, 10)
-    assert store.committed() == [n for n in store.committed() if n.startswith("edges~0~")]
-    # Nothing left of partition 1, yet the store resumes past what it dropped, and a replay is skipped.
-    assert store.recover() == {("edges", 0): 40, ("edges", 1): 10}
-    assert store.append(edges(20), "edges", 1, 0, 9) == 0
-    assert EdgeStore(tmp_path, buckets=4).recover() == {("edges", 0): 40, ("edges", 1): 10}
+def test_topic_names_that_cannot_name_folders_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="cannot name a store folder"):
+        EdgeStore(tmp_path, "a/b", 0)
 
 
-def test_a_store_keeps_its_id_and_refuses_other_buckets(tmp_path):
-    store = EdgeStore(tmp_path, buckets=4)
-    store.append(edges(1), "edges", 0, 0, 0)
-    assert EdgeStore(tmp_path, buckets=4).identity() == store.identity()
-    assert EdgeStore(tmp_path / "other", buckets=4).identity() != store.identity()
-    with pytest.raises(ValueError, match="written with 4 buckets, not 8"):
-        EdgeStore(tmp_path, buckets=8).identity()
+def test_a_set_aside_shard_starts_a_new_store_and_keeps_its_data(where):
+    store = EdgeStore(where, "edges", 2)
+    assert store.identity() == "p2.e0"
+    store.append(edges(6), 0, 9)
+    assert LineageTables(where, "edges").set_aside(2) == "p2.e1"
+    again = EdgeStore(where, "edges", 2)
+    assert again.identity() == "p2.e1" and again.recover() == 0 and again.read().num_rows == 0
+    again.append(edges(7), 0, 4)
+    assert as_set(EdgeStore(where, "edges", 2).read()) == as_set(edges(7))
+    tables = LineageTables(where, "edges")
+    everything = with_src_sets(tables.edges.read(tables.edges.files()["path"].to_pylist(), STORE_SCHEMA.names))
+    assert as_set(everything) == as_set(edges(6)) | as_set(edges(7))  # the old store's edges stay in the table

@@ -1,0 +1,41 @@
+"""A user's Spark reading the lineage tables: plain PySpark and Delta's connector, no headwater import.
+
+Run as a program by ``test_table_readers`` (a session of its own: Delta's extension and catalog are set when
+a session starts). Reads a JSON job on stdin, ``{"jars", "edges", "rows", "version", "sql", "params": [...]}``,
+and prints one JSON line: every edge now and the count at ``version``, and the SQL's rids for each params.
+"""
+
+import json
+import re
+import sys
+
+from pyspark.sql import SparkSession
+
+
+def with_values(sql: str, params: dict) -> str:
+    """The SQL with its ``:name`` parameters as literals: Spark 4.2 binds none inside a recursive CTE
+    (UNBOUND_SQL_PARAMETER)."""
+    def literal(match: re.Match) -> str:
+        value = params[match.group(1)]
+        return str(int(value)) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
+    return re.sub(r":(\w+)", literal, sql)
+
+
+job = json.load(sys.stdin)
+spark = (SparkSession.builder.master("local[2]").appName("a user's Spark")
+         .config("spark.jars", ",".join(job["jars"]))
+         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+         .config("spark.ui.enabled", "false").getOrCreate())
+try:
+    spark.read.format("delta").load(job["edges"]).createOrReplaceTempView("edges")
+    spark.read.format("delta").load(job["rows"]).createOrReplaceTempView("rows")
+    found = {
+        "edges": [list(r) for r in spark.sql("SELECT src, dst, query, batch FROM edges").collect()],
+        "count_at_version": spark.read.format("delta").option("versionAsOf", job["version"]).load(job["edges"]).count(),
+        "answers": [sorted(r.rid for r in spark.sql(with_values(job["sql"], params)).collect())
+                    for params in job["params"]],
+    }
+    print(json.dumps(found))
+finally:
+    spark.stop()
