@@ -38,7 +38,10 @@ size, with every size's figures under ``sizes``.
 
     .venv/bin/python bench/query_latency.py [--sizes 1000000,10000000,100000000] [--queries 1000]
         [--warmup 20] [--budget-s 300] [--import-from 20000000] [--compact-below 20000000]
-        [--components large-star|graphx] [--graph-page-cache 4g] [--cold-graph] [--skip-graph]
+        [--components large-star|graphx] [--graph-page-cache 4g] [--cold-graph] [--skip-graph] [--s3]
+
+``--s3``: the lineage tables in a real S3 server (SeaweedFS, started by the bench on 127.0.0.1), read by the
+Parquet backends through pyarrow's S3 filesystem, as a query service reads a bucket.
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ def pools(messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.concatenate(outputs), np.concatenate(orders), np.unique(np.concatenate(customers))
 
 
-def build_store(size: int, store_dir: Path, spark, args) -> dict:
-    """The size's lineage into two shards of the Parquet store, compacted once 99% has arrived."""
+def build_store(size: int, store_dir: str, spark, args) -> dict:
+    """The size's lineage into two shards of the lineage tables, compacted once 99% has arrived."""
     from headwater.indexer.compaction import compact
     from headwater.indexer.shard import Shard
 
@@ -247,12 +250,12 @@ def compare(done: dict[str, dict], asked: list[tuple]) -> int:
     return compared
 
 
-def measure(size: int, home: Path, config, spark, args) -> dict:
+def measure(size: int, home: Path, config, spark, args, s3=None) -> dict:
     from headwater.adapters.graph import warm_up
     from headwater.query.cypher import CypherBackend
     from headwater.query.parquet import CSProvBackend, RecursiveBackend, StoreView
 
-    store_dir = home / f"store-{size}"
+    store_dir = s3.uri(f"store-{size}") if s3 is not None else str(home / f"store-{size}")
     outputs, orders, customers = pools(messages_of(size))
     figures = build_store(size, store_dir, spark, args)
     if not args.skip_graph and size < args.import_from:
@@ -315,6 +318,8 @@ def main() -> None:
     parser.add_argument("--compact-below", type=int, default=20_000_000,
                         help="sizes of at least this many edges stay in the shards, not compacted (large-star "
                              "took 17 min for 10M edges here; the Parquet backends then read them as recent ranges)")
+    parser.add_argument("--s3", action="store_true",
+                        help="the lineage tables in a real S3 server (SeaweedFS, started on 127.0.0.1), not on disk")
     parser.add_argument("--warmup", type=int, default=20, help="questions each backend answers first, not counted")
     parser.add_argument("--cold-graph", action="store_true",
                         help="ask the Cypher backend without first reading the whole graph once, as headwater serve "
@@ -343,6 +348,12 @@ def main() -> None:
             stack.up()
         # Spark compacts the stores below --compact-below, and is stopped once none is left to compact: its JVM
         # (6.7 GB) is memory the 100M store's building and the graph server need.
+        s3 = None
+        if args.s3:
+            from headwater.deploy.s3_server import S3Server
+            s3 = S3Server(home / "s3").start()
+            os.environ.update(s3.environment())
+            say(f"S3 server (SeaweedFS) at {s3.endpoint}")
         compacting = [size for size in sizes if size < args.compact_below]
         spark = spark_session("headwater-bench-queries", **{"spark.driver.memory": "6g"}) if compacting else None
         try:
@@ -352,7 +363,7 @@ def main() -> None:
                 imported["graph_schema_seconds"] = await_schema(config)
                 say(f"graph imported: {imported}")
             for size in sizes:
-                results[size] = measure(size, home, config, spark, args)
+                results[size] = measure(size, home, config, spark, args, s3)
                 if size >= args.import_from and imported:
                     results[size].update(imported)
                 print(json.dumps({"bench": "query_latency", "size": size, **results[size]}), flush=True)
@@ -363,7 +374,9 @@ def main() -> None:
             try:
                 if spark is not None:
                     spark.stop()
-            finally:  # the stack is stopped even when Spark is gone
+            finally:  # the stack and the S3 server are stopped even when Spark is gone
+                if s3 is not None:
+                    s3.stop()
                 if stack is not None:
                     stack.down()
     largest = results[max(sizes)]

@@ -219,7 +219,7 @@ def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, thresho
     if not snapshot.shard_files and previous is None:
         raise ValueError(f"nothing to compact: no committed edges in {tables.edges}")
     number = max(snapshot.generation, generations_table(tables).applied(CLAIM) or 0) + 1
-    if generations_table(tables).commit(txn=(CLAIM, number)) is None:
+    if not generations_table(tables).commit(txn=(CLAIM, number)):
         raise CompactionBusy(f"another compaction of {topic} claimed generation {number}")
     took = sorted(snapshot.shard_ranges())
     stores = {store_id for store_id, _, _ in took}

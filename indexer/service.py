@@ -38,7 +38,7 @@ from neo4j.exceptions import Neo4jError, ServiceUnavailable, SessionExpired, Tra
 
 from headwater.adapters.kafka import consumer as kafka_consumer
 from headwater.adapters.kafka import ensure_topics, producer
-from headwater.adapters.readiness import GraphProbe, folder_problem
+from headwater.adapters.readiness import GraphProbe, store_problem
 from headwater.core.config import Config
 from headwater.core.schema import (
     LOG_BATCH,
@@ -167,7 +167,7 @@ class Indexer:
         self.say = say
         self.stats = IndexerStats()
         self.graph = GraphWriter(config)
-        self.store_dir = config.store_path()
+        self.store_dir = config.store_uri()
         self.shards: dict[int, Shard] = {}
         self.batch_log = BatchLogWriter(self.store_dir, config.log_topic)
         self.plans = PlanStore(self.store_dir, config.log_topic)
@@ -478,7 +478,7 @@ class Indexer:
         graph = self._graph_probe.problem()
         if graph:
             found["graph"] = graph
-        store = folder_problem(self.store_dir, writable=True)
+        store = store_problem(self.store_dir, writable=True)
         if store:
             found["store"] = store
         return found

@@ -259,7 +259,7 @@ class LineageClient:
         """The kept plans, named (``explain.Explainer``): what answers' ``operators`` and ``columns`` come from."""
         with self._making:
             if self._explainer is None:
-                self._explainer = Explainer(self.config.store_path(), self.config.log_topic)
+                self._explainer = Explainer(self.config.store_uri(), self.config.log_topic)
             return self._explainer
 
     def target(self, to: str, name: str = "to") -> str:

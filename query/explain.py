@@ -16,8 +16,8 @@ this module turns both into what a person reads:
         The names of the columns bit i of ``mask`` stands for (columns past 63 share bit 63);
         None when the mask is unknown (-1 or None).
     Explainer(store_dir, log_topic)
-        The kept plans of one log topic, read once and again only when the plans folder
-        changes (``PlanStore.stamp``: a stat of it and of each query's folder per call):
+        The kept plans of one log topic, read once and again only when the plans table
+        changes (``PlanStore.stamp``: its version, one look at its log per call):
         ``.queries() -> list[dict]``: ``{"name", "sink", "sources", "output_columns"}`` of each
         query with a plan, by name; ``sources`` each ``{"id", "kind", "name", "dataset"}``.
         ``.operators_of(query, batch=None) -> list[dict] | None``: ``operators`` of the plan that
@@ -498,45 +498,38 @@ class Datasets(TypedDict, total=False):
 class Explainer:
     """The kept plans of one log topic's queries, named (module docstring).
 
-    :param store_dir: the Parquet store's folder (``Config.store_path()``).
+    :param store_dir: the store (``Config.store_uri()``).
     :param log_topic: the log topic's name.
     """
 
     def __init__(self, store_dir: str | Path, log_topic: str):
         self._store = PlanStore(store_dir, log_topic)
         self.store_dir, self.log_topic = store_dir, log_topic
-        self._seen: tuple | None = None
-        self._folders: list[str] = []
+        self._seen: int | None = None
         self._plans: dict[str, list[tuple[int, Plan]]] = {}  # by query: (from_batch, plan), in order
-        self._files: dict[Path, tuple[int, Plan]] = {}
+        self._made: dict[tuple[str, int], Plan] = {}  # each plan made once
         self._sinks: dict[str, str] = {}
         self._log: BatchLog | None = None
         # One LineageClient's questions share it (the HTTP server's threads too): one reads or names at a time.
         self._lock = threading.RLock()
-        self._datasets: tuple[tuple | None, Datasets] | None = None  # datasets(), and the plans it was made of
+        self._datasets: tuple[int | None, Datasets] | None = None  # datasets(), and the plans it was made of
 
     def refresh(self) -> "Explainer":
-        """Read the plans written since the last call; when none was, this is a stat per query folder."""
+        """Read the plans written since the last call; when none was, this is a look at the table's version."""
         with self._lock:
             return self._refresh()
 
     def _refresh(self) -> "Explainer":
-        if self._seen is not None and self._store.stamp(self._folders) == self._seen:
+        stamp = self._store.stamp()
+        if self._seen is not None and stamp == self._seen:
             return self
-        folders = self._store.folders()
-        stamp = self._store.stamp(folders)  # before reading: a plan written meanwhile changes it again
         plans: dict[str, list[tuple[int, Plan]]] = {}
-        files = {}
-        for query, from_batch, path in self._store.kept(folders):
-            held = self._files.get(path)
-            if held is None:
-                kept = self._store.read(path)
-                if kept is None:
-                    continue
-                held = (from_batch, Plan(kept))
-            files[path] = held
-            plans.setdefault(held[1].query or query, []).append(held)
-        self._files, self._plans, self._folders, self._seen = files, plans, folders, stamp
+        for query, from_batch, kept in self._store.kept():
+            plan = self._made.get((query, from_batch))
+            if plan is None or plan.plan is not kept:
+                plan = self._made[(query, from_batch)] = Plan(kept)
+            plans.setdefault(plan.query or query, []).append((from_batch, plan))
+        self._plans, self._seen = plans, stamp
         # A sink named by where it writes (``parquet:/out``, ``table:NAME``) and written by one query only.
         written: dict[str, list[str]] = {}
         for query, versions in plans.items():

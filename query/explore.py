@@ -32,12 +32,12 @@ class Explorer:
         self.config = config
         self._logs = threading.Lock()
         self._batch_log: BatchLog | None = None
-        self._explainer = Explainer(self.config.store_path(), self.config.log_topic)
+        self._explainer = Explainer(self.config.store_uri(), self.config.log_topic)
 
     def _log(self) -> BatchLog:
         """The batch log, refreshed; hold ``_logs``."""
         if self._batch_log is None:
-            self._batch_log = BatchLog(self.config.store_path(), self.config.log_topic)
+            self._batch_log = BatchLog(self.config.store_uri(), self.config.log_topic)
         return self._batch_log.refresh()
 
     def queries(self) -> dict:

@@ -65,8 +65,8 @@ class Fallback:
 
     def __init__(self, config: Config):
         self.config = config
-        self.plans = PlanStore(config.store_path(), config.log_topic)
-        self.log = BatchLog(config.store_path(), config.log_topic)
+        self.plans = PlanStore(config.store_uri(), config.log_topic)
+        self.log = BatchLog(config.store_uri(), config.log_topic)
         # By query and fingerprint: two queries may run one plan over other tables, topics and sinks.
         self._built: dict[tuple[str, str], tuple[Plan, dict]] = {}
         self._prepared: dict[tuple[str, str], Prepared] = {}

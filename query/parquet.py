@@ -82,7 +82,7 @@ class _ParquetBackend(WalkingBackend):
     def __init__(self, config: Config, view: StoreView | None = None):
         self.config = config
         self.view = view or StoreView(config.store_uri(), config.edges_topic)
-        self.log = BatchLog(config.store_path(), config.log_topic)
+        self.log = BatchLog(config.store_uri(), config.log_topic)
 
     def _records(self, rids) -> dict[int, dict]:
         return self.view.records(rids)

@@ -190,7 +190,7 @@ class EdgeStore:
     def _record_commits(self, records: dict[str, pa.Table]) -> list[Callable[[str, int, int], int]]:
         """One function per records table that writes and commits a write's records there; each returns the
         bytes it wrote."""
-        commits = []
+        commits: list[Callable[[str, int, int], int]] = []
         rows = records.get("rows")
         if rows is not None:
             def commit_rows(store: str, first: int, last: int) -> int:

@@ -1,20 +1,22 @@
-"""Queries' plans in the Parquet store, for the log-only fallback and for naming what answers cross.
+"""Queries' plans in the store, for the log-only fallback and for naming what answers cross.
 
 Capture logs a query's plans in its LOG_PLAN record, once per start and per plan change,
 with ``from_batch``: the first batch the plan made. The indexer keeps of each, durable
-before the record's offset is committed, one JSON file per plan: the optimized plan
-(``optimized``, ``capture/spark_plan.optimized_records``: what inference replays), the
-plan IR (``ir``, ``headwater.core.plan``: the node ids lineage's ``ops`` name), the sink's
-columns (``output_columns``: what ``cols`` masks are over), ``sources``, ``state`` (the
-stateful aggregates), ``sink`` and ``at``. Plans kept before the IR was (no ``ir``,
+before the record's offset is committed, one row of a Delta table (``tables.py``, locally or in S3):
+
+    <store>/<log topic>/plans/…   ``query``, ``from_batch``, ``fingerprint``, ``plan`` (JSON)
+
+The plan holds the optimized plan (``optimized``, ``capture/spark_plan.optimized_records``: what
+inference replays), the plan IR (``ir``, ``headwater.core.plan``: the node ids lineage's ``ops``
+name), the sink's columns (``output_columns``: what ``cols`` masks are over), ``sources``,
+``state`` (the stateful aggregates), ``sink`` and ``at``. Plans kept before the IR was (no ``ir``,
 ``output_columns``, ``state``) load as they are; the query tier then names operators by id
 (``query/explain.py``).
 
-    <store_dir>/<log topic>/plans/<query, hex>/<from_batch, 12 digits>-<fingerprint>.json
-
-Files are written whole (temporary name, fsync, rename), so a reader sees a plan or no
-plan, and a record indexed twice writes the same file again. The plan a batch ran is the
-one with the greatest ``from_batch`` not after it.
+A row is committed whole, so a reader sees a plan or no plan; a record indexed twice adds a row
+that says the same, read as one. The plan a batch ran is the one with the greatest
+``from_batch`` not after it. A reader holds the plans and reads the table again only when its
+version changed (``stamp``).
 """
 
 from __future__ import annotations
@@ -22,106 +24,69 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
-from pathlib import Path
 
-from .batch_log import fsync_dir
+import pyarrow as pa
 
-_FILE = re.compile(r"^(\d{12})-([0-9a-f]+)\.json$")
+from .tables import Location, Table
+
+TABLE_SCHEMA = pa.schema([("query", pa.string()), ("from_batch", pa.int64()), ("fingerprint", pa.string()),
+                          ("plan", pa.string())])
 
 
 class PlanStore:
     """The plans of one log topic's queries."""
 
-    def __init__(self, store_dir: str | Path, log_topic: str):
-        self.store_dir = Path(store_dir)
-        self.log_topic = log_topic
+    def __init__(self, store: "str | os.PathLike | Location", log_topic: str):
+        if "/" in log_topic:
+            raise ValueError(f"topic name {log_topic!r} cannot name a store folder (no '/')")
+        self.table = Table(Location.of(store).child(log_topic, "plans"), TABLE_SCHEMA)
+        self._version: int | None = None
+        self._read: set[str] = set()  # the files read
+        self._plans: dict[str, dict[int, dict]] = {}  # by query, by from_batch
 
-    def write(self, query: str, from_batch: int, fingerprint: str, plan: dict) -> Path:
+    def write(self, query: str, from_batch: int, fingerprint: str, plan: dict) -> None:
         """Keep ``plan`` (the optimized records and what the query tier needs beside them)."""
         if not re.fullmatch(r"[0-9a-f]+", fingerprint or ""):
             raise ValueError(f"a plan fingerprint is hex digits, not {fingerprint!r}")
-        folder = self._folder(query)
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"{int(from_batch):012d}-{fingerprint}.json"
-        temporary = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
-        with open(temporary, "w") as out:
-            json.dump({"query": query, "from_batch": int(from_batch), "fingerprint": fingerprint, **plan}, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, final)
-        fsync_dir(folder)
-        return final
+        kept = {"query": query, "from_batch": int(from_batch), "fingerprint": fingerprint, **plan}
+        row = pa.table({"query": [query], "from_batch": [int(from_batch)], "fingerprint": [fingerprint],
+                        "plan": [json.dumps(kept)]}, schema=TABLE_SCHEMA)
+        self.table.commit([self.table.write_file(row)])
+
+    def stamp(self) -> int | None:
+        """Changes whenever a plan is kept: the table's version."""
+        return self.table.version()
+
+    def _refresh(self) -> dict[str, dict[int, dict]]:
+        version = self.stamp()
+        if version is not None and version != self._version:
+            files = self.table.files(version)["path"].to_pylist()
+            new = [path for path in files if path not in self._read]
+            for rows in self.table.read_each(new, TABLE_SCHEMA.names).values():
+                for query, from_batch, plan in zip(rows["query"].to_pylist(), rows["from_batch"].to_pylist(),
+                                                   rows["plan"].to_pylist()):
+                    self._plans.setdefault(query, {})[from_batch] = json.loads(plan)
+            self._read |= set(new)
+            self._version = version
+        return self._plans
 
     def plan_for(self, query: str, batch: int) -> dict | None:
         """The plan batch ``batch`` of ``query`` ran, or None if none is kept."""
-        folder = self._folder(query)
-        if not folder.is_dir():
-            return None
-        found = sorted((int(m.group(1)), name) for name in os.listdir(folder) if (m := _FILE.match(name))
-                       and int(m.group(1)) <= batch)
-        if not found:
-            return None
-        with open(folder / found[-1][1]) as f:
-            return json.load(f)
+        found = [start for start in self._refresh().get(query, {}) if start <= batch]
+        return self._plans[query][max(found)] if found else None
 
     def starts(self, query: str) -> list[int]:
         """The ``from_batch`` of each plan of ``query`` kept, in order."""
-        folder = self._folder(query)
-        if not folder.is_dir():
-            return []
-        return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _FILE.match(name)))
-
-    @property
-    def root(self) -> Path:
-        return self.store_dir / self.log_topic / "plans"
-
-    def _folder(self, query: str) -> Path:
-        return self.root / query.encode().hex()
-
-    def folders(self) -> list[str]:
-        """The folder of each query with a plan kept (its name in hex), for ``stamp``."""
-        try:
-            return sorted(name for name in os.listdir(self.root) if re.fullmatch(r"[0-9a-f]+", name))
-        except FileNotFoundError:
-            return []
+        return sorted(self._refresh().get(query, {}))
 
     def queries(self) -> list[str]:
         """Every query with a plan kept."""
-        return [bytes.fromhex(name).decode() for name in self.folders()]
+        return sorted(self._refresh())
 
-    def stamp(self, folders: list[str]) -> tuple:
-        """What changes whenever a plan is kept: the modification times of the plans folder (a new query's) and of
-        each of the query ``folders`` (a new plan), as ``folders()`` listed them; a reader that holds the plans
-        reads them again only then, and between plans asks a stat per folder, no listing."""
-        try:
-            return (self.root.stat().st_mtime_ns,
-                    tuple((name, (self.root / name).stat().st_mtime_ns) for name in folders))
-        except FileNotFoundError:
-            return ()
-
-    def kept(self, folders: list[str] | None = None) -> list[tuple[str, int, Path]]:
-        """Every plan kept (in ``folders``, as ``folders()`` listed them, when given): ``(query, from_batch, file)``,
-        by query, then in ``from_batch`` order (``read`` a file)."""
-        found = []
-        for name in self.folders() if folders is None else folders:
-            try:
-                listed = sorted(n for n in os.listdir(self.root / name) if _FILE.match(n))
-            except FileNotFoundError:
-                continue  # a query's folder gone meanwhile
-            query = bytes.fromhex(name).decode()
-            found += [(query, int(match.group(1)), self.root / name / n) for n in listed if (match := _FILE.match(n))]
-        return found
-
-    @staticmethod
-    def read(path: Path) -> dict | None:
-        """One kept plan's file, or None if it is gone or unreadable."""
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
+    def kept(self) -> list[tuple[str, int, dict]]:
+        """Every plan kept: ``(query, from_batch, plan)``, by query, then in ``from_batch`` order."""
+        plans = self._refresh()
+        return [(query, start, plans[query][start]) for query in sorted(plans) for start in sorted(plans[query])]
 
     def latest(self, query: str) -> dict | None:
         return self.plan_for(query, 10**18)
-

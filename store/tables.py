@@ -25,6 +25,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlparse
@@ -44,6 +45,8 @@ S3_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SE
 # A commit is a put-if-absent of its log entry (S3's conditional writes, which SeaweedFS, MinIO and AWS
 # honour): no DynamoDB lock table, and two writers never both take one version.
 CONDITIONAL_PUT = {"AWS_CONDITIONAL_PUT": "etag"}
+# Reads files at once (``Table.read_each``).
+_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-read")
 # Commits tried when others keep landing first with the same app id (delta-rs retries the rest itself).
 COMMIT_ATTEMPTS = 5
 # Old files a vacuum leaves: a reader opened on an older version still finds its files for this long.
@@ -137,8 +140,9 @@ class Table:
     def __repr__(self) -> str:
         return f"Table({self.location})"
 
-    def delta(self, version: int | None = None) -> DeltaTable | None:
-        """The table at ``version`` (else its latest), None if it was never created."""
+    def delta(self, version: int | None = None, latest: bool = True) -> DeltaTable | None:
+        """The table at ``version`` (else its latest; with ``latest`` False, as last read, which a blind append
+        may commit on: delta-rs puts it after whatever landed since), None if it was never created."""
         options = self.location.storage_options()
         if version is not None:
             try:
@@ -150,13 +154,13 @@ class Table:
                 self._table = DeltaTable(self.location.uri, storage_options=options)
             except TableNotFoundError:
                 return None
-        else:
+        elif latest:
             self._table.update_incremental()
         return self._table
 
-    def ensure(self) -> DeltaTable:
+    def ensure(self, latest: bool = True) -> DeltaTable:
         """The table, created empty first if it is not there yet (by whichever writer gets there first)."""
-        table = self.delta()
+        table = self.delta(latest=latest)
         if table is None:
             try:
                 DeltaTable.create(self.location.uri, self.schema, partition_by=self.partition_by or None,
@@ -210,8 +214,9 @@ class Table:
         return Written(relative, int(self._fs.get_file_info(path).size), values, footer.num_rows, file_stats(footer))
 
     def commit(self, written: Iterable[Written] = (), removed: Iterable[str] = (), txn: tuple[str, int] | None = None,
-               metadata: Mapping[str, str] | None = None) -> int | None:
-        """Add ``written`` files and remove the files at ``removed`` paths in one transaction; returns its version.
+               metadata: Mapping[str, str] | None = None) -> bool:
+        """Add ``written`` files and remove the files at ``removed`` paths in one transaction; False if it was
+        not made (``txn``'s writer had committed that far already).
 
         ``txn``: the writer's app id and the version it records (``applied`` reads it back). A writer whose app
         id the table already records at ``txn``'s version or later commits nothing (None): the check and the
@@ -219,9 +224,10 @@ class Table:
         landed after that snapshot, so two writers of one range never both commit it."""
         written, removed = list(written), list(removed)
         for attempt in range(COMMIT_ATTEMPTS):
-            table = self.ensure()
+            # A blind append (no txn, nothing removed) needs no fresh snapshot: one look at the log fewer.
+            table = self.ensure(latest=bool(txn or removed) or attempt > 0)
             if txn is not None and (table.transaction_version(txn[0]) or -1) >= txn[1]:
-                return None
+                return False
             present: dict[str, dict] = {}
             if removed:
                 present = {f["path"]: f for f in self.files().to_pylist()}
@@ -230,14 +236,15 @@ class Table:
                     raise FilesGone(f"{self}: {len(gone)} of the files to remove were removed by another "
                                     f"writer meanwhile, e.g. {gone[0]}")
             try:
-                return self._commit(table, written, [present[path] for path in removed], txn, metadata)
+                self._commit(table, written, [present[path] for path in removed], txn, metadata)
+                return True
             except CommitFailedError:
                 if attempt == COMMIT_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
 
     def _commit(self, table: DeltaTable, written: list[Written], removed: list[dict], txn: tuple[str, int] | None,
-                metadata: Mapping[str, str] | None) -> int:
+                metadata: Mapping[str, str] | None) -> None:
         now = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             AddAction(w.path, w.size, w.partition, now, True, w.stats) for w in written]
@@ -250,8 +257,9 @@ class Table:
             custom_metadata=dict(metadata) if metadata else None)
         table.create_write_transaction(actions, "append", self.schema, self.partition_by or None,
                                        commit_properties=properties)
+        # The snapshot moved past this commit (it does not move by itself): the next blind append then commits
+        # on it at once, where from a stale one delta-rs reads every commit since to put it after them.
         table.update_incremental()
-        return table.version()
 
     def files(self, version: int | None = None) -> pa.Table:
         """The data files of ``version`` (else the latest): ``path`` (from the table's root), ``size_bytes``,
@@ -281,6 +289,13 @@ class Table:
             return empty if columns is None else empty.select(columns)
         return ds.dataset(paths, schema=self.file_schema, format="parquet", filesystem=self._fs).to_table(
             columns=columns, filter=filter)
+
+    def read_each(self, relative_paths: list[str], columns: list[str]) -> dict[str, pa.Table]:
+        """The rows of each of those files, by its path; the files read at once (S3's round trips overlap)."""
+        def read(relative: str) -> pa.Table:
+            return pq.read_table(self.file_path(relative), columns=columns, filesystem=self._fs,
+                                 schema=self.file_schema)
+        return dict(zip(relative_paths, _READERS.map(read, relative_paths)))
 
     def delete(self, predicate: str) -> int:
         """Remove the rows ``predicate`` (SQL) matches, in one transaction; returns the rows removed."""

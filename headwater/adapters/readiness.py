@@ -67,6 +67,25 @@ class GraphProbe:
                 self._driver = None
 
 
+def store_problem(store: str, writable: bool = False) -> str | None:
+    """Whether the store can be read (and written, for its writer) now: a local folder as ``folder_problem``
+    says; a store in S3 whose bucket answers, with the environment's credentials (never quoted)."""
+    if not store.startswith("s3://"):
+        return folder_problem(Path(store), writable)
+    import pyarrow.fs as pafs
+
+    from headwater.store.tables import Location
+
+    filesystem, path = Location.of(store).filesystem()
+    bucket = path.split("/", 1)[0]
+    try:
+        if filesystem.get_file_info(bucket).type == pafs.FileType.NotFound:
+            return f"store {store}: bucket {bucket} does not exist"
+    except OSError as exc:
+        return f"store {store} cannot be reached: {_first_line(exc)}"
+    return None
+
+
 def folder_problem(path: Path, writable: bool = False) -> str | None:
     """Whether a store folder can be read (and written, for its writer) now: it is there, a folder,
     listable. A writer's folder may be missing yet, if it can be made where it would be."""

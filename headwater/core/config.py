@@ -93,11 +93,11 @@ class Config:
         return str(self.store_path())
 
     def store_path(self) -> Path:
-        """The store's local folder, where the batch log and the plans are kept (not yet in the lineage tables)."""
-        if self.store_dir.startswith("s3://"):
-            raise ValueError(f"store_dir={self.store_dir}: the batch log and the plans are kept in a local folder "
-                             f"for now; only the lineage tables can be in S3 (store/README.md)")
-        return Path(self.store_dir).absolute() if self.store_dir else default_home() / "store"
+        """A local folder of the store: the store itself, or for a store in S3 ``<home>/store``, where the
+        narrowed lineage is kept (a cache, made again when lost; query/README.md)."""
+        if self.store_dir and not self.store_dir.startswith("s3://"):
+            return Path(self.store_dir).absolute()
+        return default_home() / "store"
 
     def with_overrides(self, **values) -> "Config":
         return replace(self, **{k: v for k, v in values.items() if v is not None})

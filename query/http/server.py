@@ -20,7 +20,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from headwater.adapters import graph
-from headwater.adapters.readiness import GraphProbe, folder_problem
+from headwater.adapters.readiness import GraphProbe, store_problem
 from headwater.core import config as configuration
 from headwater.core.config import Config
 
@@ -152,7 +152,7 @@ class LineageServer(ThreadingHTTPServer):
         found = {}
         for name in api.AUTO if self.backend == "auto" else (self.backend,):
             store = "graph" if name == "cypher" else "store"
-            problem = self._graph_probe.problem() if store == "graph" else folder_problem(self.config.store_path())
+            problem = self._graph_probe.problem() if store == "graph" else store_problem(self.config.store_uri())
             if problem is None:
                 return {}
             found[store] = problem

@@ -41,7 +41,6 @@ import pyarrow.compute as pc
 from headwater.core import rid as rids
 from headwater.core import signing
 from headwater.core.config import Config
-from headwater.store.batch_log import fsync_dir
 
 from ..errors import LineageError
 
@@ -52,6 +51,15 @@ REEXECUTION = "reexecution"
 REREAD_S = 5.0  # how long the plans' black boxes are kept read
 RETRY_S = 60.0  # how long a narrowing that failed to run is answered as such before it is tried again
 CACHED = 64  # narrowings a store keeps read
+
+
+def fsync_dir(path: Path) -> None:
+    """A folder's entries made durable (a file renamed into it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _ints(values=()) -> np.ndarray:

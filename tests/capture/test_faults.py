@@ -129,4 +129,4 @@ def test_broker_killed_mid_stream(spark, stack_config, broker, tmp_path):
     with driver(config) as d:
         graph = batch_statuses(d, pairs, database=config.graph_database)
     assert graph == {(name, n): record["status"] for n, record in batches.items()}
-    assert BatchLog(config.store_path(), config.log_topic).statuses(pairs) == graph
+    assert BatchLog(config.store_uri(), config.log_topic).statuses(pairs) == graph

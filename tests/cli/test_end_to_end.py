@@ -171,7 +171,7 @@ def test_batch_log_records_plan_and_every_batch(run):
     assert [a.name for a in fallback.root.output] == plans[0]["output_columns"]
     assert {op.kind for op in fallback.operators()} >= {"Join", "Filter", "Relation"}
     assert not [op for op in fallback.operators() if op.kind == "Unknown"]
-    kept = PlanStore(run.config.store_path(), run.config.log_topic).plan_for(plans[0]["query"], 10**9)
+    kept = PlanStore(run.config.store_uri(), run.config.log_topic).plan_for(plans[0]["query"], 10**9)
     assert kept["optimized"] == plans[0]["optimized"] and kept["fingerprint"] == plans[0]["fingerprint"]
     ran = {p.batchId for p in run.query.recentProgress if p.numInputRows}
     assert {b["batch"] for b in batches} >= ran

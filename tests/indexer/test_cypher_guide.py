@@ -91,7 +91,7 @@ def env(spark, stack_config, tmp_path_factory):
     env.coordinates += demo_data.produce(config.bootstrap, topic, [(None, v) for v in unmatched], partitions=2)
     traced(spark, env, {"capture": "log-only"})
     index(config)
-    env.log = BatchLog(config.store_path(), config.log_topic)
+    env.log = BatchLog(config.store_uri(), config.log_topic)
     env.batches = env.log.batches(env.name)
     env.entries = {b: env.log.batch(env.name, b) for b in env.batches}
     batch_of = sink_file_batches(config, env.name)

@@ -177,7 +177,7 @@ def keyless(spark, stack_config, tmp_path_factory):
     rows = spark.read.parquet(sink).select("order_id", "_hw_rid").collect()
     customers = spark.read.parquet(str(workdir / "customers.parquet"))
     # Capture logs the columns it hashed: the fallback hashes those, whatever the plan reads.
-    (source,) = (s for s in PlanStore(config.store_path(), config.log_topic).latest("enriched_orders")["sources"]
+    (source,) = (s for s in PlanStore(config.store_uri(), config.log_topic).latest("enriched_orders")["sources"]
                  if s["source"] == "static")
     assert source["key"] == [] and source["hashed"] == customers.columns
     table = f"file:{workdir / 'customers.parquet'}"  # the table's identity: where it lives

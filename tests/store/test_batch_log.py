@@ -1,4 +1,4 @@
-"""The batch log in the store (``indexer/batch_log.py``), checked against a brute-force merge and against the graph.
+"""The batch log in the store (``store/batch_log.py``), checked against a brute-force merge and against the graph.
 
 The brute force: every record written, once per (partition, epoch, offset), applied as
 dict updates in (partition, epoch, offset) order, as the graph's ``SET b += $props``
@@ -8,7 +8,6 @@ does in offset order.
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 import time
@@ -21,7 +20,7 @@ from headwater.core.schema import CAPTURE_STATUSES, LOG_BATCH, LOG_PLAN, LOG_PRO
 from headwater.indexer.service import Indexer
 from headwater.query import cypher
 from headwater.query.cypher import CypherBackend
-from headwater.store.batch_log import RUN_RECORDS, BatchLog, BatchLogWriter, partition_root
+from headwater.store.batch_log import RUN_RECORDS, BatchLog, BatchLogWriter, batch_log_table
 from headwater.store.graph import GraphWriter, batch_graph, batch_statuses
 from tests.conftest import index
 
@@ -145,31 +144,35 @@ def test_the_reader_merges_like_brute_force_through_crashes_replays_and_new_epoc
             written.append((p, epoch[p], offset))
     check(log.refresh(), written, records, queries, batches)
     check(BatchLog(tmp_path, TOPIC), written, records, queries, batches)
-    assert sorted(os.listdir(tmp_path / TOPIC)) == [f"partition={p}" for p in range(partitions)]
+    held = {f["partition.partition"] for f in batch_log_table(tmp_path, TOPIC).files().to_pylist()}
+    assert held == set(range(partitions))
 
 
 @pytest.mark.parametrize("run_records", [10_000, 4])
-def test_a_torn_last_record_is_skipped_and_nothing_before_it_is_lost(tmp_path, run_records):
+def test_an_append_cut_before_its_commit_is_never_read_and_nothing_before_it_is_lost(tmp_path, run_records,
+                                                                                     monkeypatch):
     rng = random.Random(run_records)
     records = {0: topic_records(rng, 40, ["q"], 10)}
-    for trial in range(20):
+    for trial in range(5):
         root = tmp_path / str(trial)
-        count = rng.choice([c for c in range(1, 41) if c % run_records])  # the last append in a segment, not a run
+        count = rng.randrange(1, 41)
         writer = BatchLogWriter(root, TOPIC, run_records)
-        for offset in range(count):
+        for offset in range(count - 1):
             append(writer, 0, offset, records[0][offset])
-        # The process dies in the middle of its last append: the segment it appended to is cut.
-        folder = partition_root(root, TOPIC, 0)
-        segment = max((p for p in folder.iterdir() if p.name.endswith(".log")), key=lambda p: p.stat().st_size)
-        data = segment.read_bytes()
-        cut = rng.randrange(len(data) + 1)
-        with open(segment, "r+b") as f:
-            f.truncate(cut)
-        in_segment = data.count(b"\n")  # the segment holds the last offsets, one line each
-        kept = list(range(count - in_segment)) + list(range(count - in_segment, count))[: data[:cut].count(b"\n")]
-        check(BatchLog(root, TOPIC), [(0, 0, o) for o in kept], records, ["q"], 10)
-        # The next owner resumes from a committed offset no later than the torn record.
-        resume = rng.randint(0, len(kept))
+        # The process dies in its last append, after the entry's file was written, before its commit.
+        table = writer.table
+        real = type(table).commit
+
+        def die(self, written=(), removed=(), txn=None, metadata=None):
+            raise OSError("killed")
+
+        monkeypatch.setattr(type(table), "commit", die)
+        with pytest.raises(OSError):
+            append(writer, 0, count - 1, records[0][count - 1])
+        monkeypatch.setattr(type(table), "commit", real)
+        check(BatchLog(root, TOPIC), [(0, 0, o) for o in range(count - 1)], records, ["q"], 10)
+        # The next owner resumes from a committed offset no later than the lost record.
+        resume = rng.randint(0, count - 1)
         writer = BatchLogWriter(root, TOPIC, run_records)
         for offset in range(resume, 40):
             append(writer, 0, offset, records[0][offset])
@@ -220,19 +223,25 @@ def test_thousands_of_batches_stay_a_few_files_and_read_fast(tmp_path):
     writer = BatchLogWriter(tmp_path, TOPIC)
     rng = random.Random(5)
     expected = {}
-    batches = 2_000
+    batches = 20_000
+    records = []
     for batch in range(batches):  # two halves per batch, the progress sometimes first
         status = rng.choice(CAPTURE_STATUSES)
         halves = [{"status": status, "seconds": 0.5}, {"rows_in": batch, "sources": [{"end": {"t": {"0": batch}}}]}]
         if rng.random() < 0.5:
             halves.reverse()
-        for i, fields in enumerate(halves):
-            writer.append_batch(0, 2 * batch + i, "q", batch, fields)
+        records += [(2 * batch + i, "q", batch, fields) for i, fields in enumerate(halves)]
         expected[("q", batch)] = status
-    names = os.listdir(partition_root(tmp_path, TOPIC, 0))
-    runs = [n for n in names if n.startswith("run-")]
-    assert len(runs) <= (2 * batches // RUN_RECORDS).bit_length() + 1
-    assert len([n for n in names if n.startswith("seg-")]) == 1
+    appends = 0
+    while records:  # many records a commit, as a migration appends them
+        size = rng.randint(1, 2 * RUN_RECORDS)
+        writer.append_many(0, records[:size])
+        records = records[size:]
+        appends += 1
+    files = batch_log_table(tmp_path, TOPIC).files().to_pylist()
+    runs = [f for f in files if f["path"].split("/")[-1].startswith("run")]
+    assert len(runs) <= (appends // RUN_RECORDS).bit_length() + 1
+    assert len(files) - len(runs) < RUN_RECORDS
     started = time.perf_counter()
     log = BatchLog(tmp_path, TOPIC)
     assert log.statuses(expected) == expected
@@ -297,10 +306,10 @@ def test_the_store_and_the_graph_give_the_same_gap_map(config):
     expected = {p: statuses.get(p) for p in pairs}
     assert sum(s is None for s in expected.values()) == 4 * 7 and set(statuses.values()) == set(CAPTURE_STATUSES)
 
-    # The store fails at first (its folders cannot be made): the records are retried, not lost.
+    # The store fails at first (its table's folder cannot be made): the records are retried, not lost.
     store = config.store_path() / config.log_topic
     store.mkdir(parents=True, exist_ok=True)
-    blocked = [store / "partition=0", store / "partition=1"]
+    blocked = [store / "batch_log"]
     for path in blocked:
         path.write_text("not a folder")
     indexer = Indexer(config)
@@ -321,7 +330,7 @@ def test_the_store_and_the_graph_give_the_same_gap_map(config):
         indexer.close()
     assert stats.retries >= 2 and stats.dlq == 0
 
-    log = BatchLog(config.store_path(), config.log_topic)
+    log = BatchLog(config.store_uri(), config.log_topic)
     with driver(config) as d:
         graph = batch_statuses(d, pairs, database=config.graph_database)
         with d.session(database=config.graph_database) as s:
@@ -358,10 +367,10 @@ def test_the_store_and_the_graph_give_the_same_gap_map(config):
 
     # A new consumer group reads the whole topic again: a new epoch, the same gap map.
     run_indexer(config, group="headwater-indexer-again")
-    names = [n for p in (0, 1) for n in os.listdir(partition_root(config.store_path(), config.log_topic, p))]
-    assert any(n.startswith("seg-000001-") for n in names)
+    table = batch_log_table(config.store_uri(), config.log_topic)
+    assert [table.applied(f"{config.log_topic}/epoch/p{p}") for p in (0, 1)] == [1, 1]
     assert log.refresh().statuses(pairs) == expected
-    assert BatchLog(config.store_path(), config.log_topic).batch(queries[1], 8) == stored
+    assert BatchLog(config.store_uri(), config.log_topic).batch(queries[1], 8) == stored
 
 
 @pytest.mark.stack
