@@ -40,6 +40,11 @@ RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 KUBERNETES = ("1.31.0", "1.37.0")  # the oldest and the newest checked
 VALUES = {"default": [], "production": ["-f", str(PRODUCTION)]}
+# The store in S3: every replica writes the bucket, the query service reads it.
+S3_SETS = {"store.s3.uri": "s3://lineage/headwater", "store.s3.endpoint": "http://seaweedfs-s3.storage:8333",
+           "store.s3.region": "eu-central-1", "store.s3.accessKeyId": "key-id-1234",
+           "store.s3.secretAccessKey": "s3-secret-5678", "indexer.replicas": "3", "query.backend": "csprov"}
+RENDERED = {**VALUES, "s3": [arg for key, value in S3_SETS.items() for arg in ("--set", f"{key}={value}")]}
 WORKLOADS = ("Deployment", "StatefulSet")
 CUSTOM_KINDS = ("ServiceMonitor", "PrometheusRule")  # not Kubernetes' own: kubernetes-validate has no schema
 SECRET_SETS = {"query.auth.token": "tok-0123456789abcdef", "graph.password": "graph-pw-4711",
@@ -112,18 +117,18 @@ def environment(docs: list[dict]) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("values", RENDERED)
 def test_lint_is_clean(helm, values):
-    done = run_helm(helm, "lint", "--strict", str(CHART), *VALUES[values], check=False)
+    done = run_helm(helm, "lint", "--strict", str(CHART), *RENDERED[values], check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     notes = [line for line in done.stdout.splitlines() if line.startswith("[")]
     assert notes == ["[INFO] Chart.yaml: icon is recommended"], done.stdout
 
 
 @pytest.mark.parametrize("kube", KUBERNETES)
-@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("values", RENDERED)
 def test_rendered_objects_validate(helm, tmp_path, values, kube):
-    docs = render(helm, *VALUES[values], kube=kube)
+    docs = render(helm, *RENDERED[values], kube=kube)
     core = [d for d in docs if d["kind"] not in CUSTOM_KINDS]
     manifest = tmp_path / "core.yaml"
     manifest.write_text(yaml.safe_dump_all(core))
@@ -136,7 +141,7 @@ def test_rendered_objects_validate(helm, tmp_path, values, kube):
     custom = [d for d in docs if d["kind"] in CUSTOM_KINDS]
     assert crd_errors(custom) == []
     kinds = sorted(d["kind"] for d in custom)
-    assert kinds == ([] if values == "default" else ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"])
+    assert kinds == ([] if values != "production" else ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"])
 
 
 def test_validators_refuse_what_a_cluster_would(helm, tmp_path):
@@ -255,8 +260,42 @@ def test_shared_store(helm):
         assert mount.get("readOnly", False) == (kind == "Deployment")
 
 
+def test_store_in_s3(helm):
+    """Replicas write the bucket with no volume of their own; the query service reads it; credentials from the
+    chart's Secret, or one of the user's, never in the ConfigMap."""
+    docs = render(helm, *RENDERED["s3"])
+    indexer = one(docs, "StatefulSet")
+    assert "volumeClaimTemplates" not in indexer["spec"] and indexer["spec"]["replicas"] == 3
+    config = one(docs, "ConfigMap", "hw-headwater")["data"]
+    assert (config["HEADWATER_STORE_DIR"], config["AWS_ENDPOINT_URL"], config["AWS_REGION"]) == \
+        ("s3://lineage/headwater", "http://seaweedfs-s3.storage:8333", "eu-central-1")
+    secret = one(docs, "Secret")
+    held = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+    assert (held["access-key-id"], held["secret-access-key"]) == ("key-id-1234", "s3-secret-5678")
+    assert "s3-secret-5678" not in yaml.safe_dump_all([d for d in docs if d["kind"] != "Secret"])
+    for kind, pod in pods(docs).items():
+        assert {v["name"]: v for v in pod["volumes"]}["data"] == {"name": "data", "emptyDir": {}}, kind
+        env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
+        assert env["AWS_ACCESS_KEY_ID"] == {"name": secret["metadata"]["name"], "key": "access-key-id"}
+        assert env["AWS_SECRET_ACCESS_KEY"] == {"name": secret["metadata"]["name"], "key": "secret-access-key"}
+    serve = pods(docs)["Deployment"]["containers"][0]["args"]
+    assert serve[serve.index("--backend") + 1] == "csprov"
+    # A Secret of the user's is referenced, not made; with no keys at all the pods' own identity is used.
+    theirs = render(helm, *RENDERED["s3"], *sets({"store.s3.accessKeyId": "", "store.s3.secretAccessKey": "",
+                                                  "store.s3.existingSecret": "lineage-s3"}))
+    assert "access-key-id" not in one(theirs, "Secret")["data"]
+    for pod in pods(theirs).values():
+        env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
+        assert env["AWS_ACCESS_KEY_ID"] == {"name": "lineage-s3", "key": "access-key-id"}
+    identity = render(helm, *RENDERED["s3"], *sets({"store.s3.accessKeyId": "", "store.s3.secretAccessKey": ""}))
+    for pod in pods(identity).values():
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & {e["name"] for e in pod["containers"][0]["env"]}
+
+
 @pytest.mark.parametrize("options, error", [
-    ({"query.backend": "csprov"}, "query.backend csprov reads the Parquet store: set store.sharedClaim"),
+    ({"query.backend": "csprov"}, "query.backend csprov reads the store: set store.s3.uri or store.sharedClaim"),
+    ({"store.s3.uri": "lineage/headwater"}, "store.s3.uri: s3://bucket/prefix, not lineage/headwater"),
+    ({"store.s3.uri": "s3://lineage", "store.s3.accessKeyId": "k"}, "store.s3.secretAccessKey goes with"),
     ({"query.auth.token": "short"}, "query.auth.token: at least 16 characters"),
     ({"kafka.sasl.mechanism": "PLAIN", "kafka.sasl.username": "lineage"},
      "kafka.sasl.password or kafka.sasl.existingSecret goes with"),

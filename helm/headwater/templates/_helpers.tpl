@@ -77,6 +77,25 @@ home: /var/lib/headwater
     secretKeyRef:
       name: {{ include "headwater.graphSecret" . }}
       key: {{ include "headwater.graphKey" . }}
+{{- with .Values.store.s3 }}
+{{- if and .uri (or .accessKeyId .existingSecret) }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | default (include "headwater.fullname" $) }}
+      key: {{ .accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | default (include "headwater.fullname" $) }}
+      key: {{ .secretAccessKeyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the store is shared by every replica and the query service: in S3, or on a shared claim. */}}
+{{- define "headwater.sharedStore" -}}
+{{- if or .Values.store.s3.uri .Values.store.sharedClaim }}true{{ end }}
 {{- end }}
 
 {{/* Volumes and mounts of the Kafka credentials, shared by both services. */}}
@@ -115,5 +134,5 @@ Changes when a secret value the chart holds changes, so the pods roll (a generat
 is kept, so it never does); a Secret of yours is yours to roll after.
 */}}
 {{- define "headwater.secretChecksum" -}}
-{{ list .Values.query.auth .Values.graph .Values.kafka.sasl | toJson | sha256sum }}
+{{ list .Values.query.auth .Values.graph .Values.kafka.sasl .Values.store.s3 | toJson | sha256sum }}
 {{- end }}
