@@ -47,6 +47,9 @@ S3_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SE
 CONDITIONAL_PUT = {"AWS_CONDITIONAL_PUT": "etag"}
 # Reads files at once (``Table.read_each``).
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-read")
+# Every table commits often (a shard's write, a batch's log record): its log entries older than a day go at
+# the next checkpoint (every 100 commits), or listing the log would slow with the stream's age.
+TABLE_CONFIGURATION = {"delta.logRetentionDuration": "interval 1 day", "delta.enableExpiredLogCleanup": "true"}
 # Commits tried when others keep landing first with the same app id (delta-rs retries the rest itself).
 COMMIT_ATTEMPTS = 5
 # Old files a vacuum leaves: a reader opened on an older version still finds its files for this long.
@@ -164,7 +167,8 @@ class Table:
         if table is None:
             try:
                 DeltaTable.create(self.location.uri, self.schema, partition_by=self.partition_by or None,
-                                  mode="ignore", storage_options=self.location.storage_options())
+                                  mode="ignore", storage_options=self.location.storage_options(),
+                                  configuration=TABLE_CONFIGURATION)
             except Exception:  # another writer created it meanwhile: its version 0 holds
                 if self.delta() is None:
                     raise

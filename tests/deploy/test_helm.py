@@ -109,7 +109,7 @@ def pods(docs: list[dict]) -> dict[str, dict]:
 
 
 def environment(docs: list[dict]) -> set[str]:
-    """The HEADWATER_* names the services get: the ConfigMap's and the containers' own."""
+    """The names the services' environment gets: the ConfigMap's and the containers' own."""
     names = set(one(docs, "ConfigMap", "hw-headwater")["data"])
     for pod in pods(docs).values():
         for container in pod["containers"]:
@@ -388,7 +388,8 @@ def test_compose_prometheus_config_loads_the_rules(tmp_path):
 
 
 def test_compose_and_chart_agree(helm):
-    docs = render(helm)
+    """Compose keeps its store in its own S3 server: the chart with the store in S3."""
+    docs = render(helm, *RENDERED["s3"], *sets({"store.s3.endpoint": "http://s3:8333", "store.s3.region": "us-east-1"}))
     services = compose()["services"]
     specs = pods(docs)
     image = "headwater:" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -398,15 +399,16 @@ def test_compose_and_chart_agree(helm):
         assert set(ours["environment"]) == environment(docs), name
         assert ours["user"] == "{runAsUser}:{runAsGroup}".format(**specs[kind]["securityContext"])
         assert ours["read_only"] is True
-        # Same command; only where the token file lies and which backend answers differ (compose shares its store).
-        differ = {"/run/secrets/http-token": "/etc/headwater/http/token", "auto": "cypher"}
+        # Same command; only where the token file lies and which backend answers differ.
+        differ = {"/run/secrets/http-token": "/etc/headwater/http/token", "auto": "csprov"}
         assert [differ.get(arg, arg) for arg in ours["command"]] == container["args"], name
         published = {int(p.rsplit(":", 1)[1]) for p in ours["ports"]}
         assert published == {p["containerPort"] for p in container["ports"]}, name
     config = one(docs, "ConfigMap", "hw-headwater")["data"]
     shared = services["indexer"]["environment"]
     for key in ("HEADWATER_HOME", "HEADWATER_STORE_DIR", "HEADWATER_METRICS_HOST", "HEADWATER_EDGES_TOPIC",
-                "HEADWATER_LOG_TOPIC", "HEADWATER_DLQ_TOPIC", "HEADWATER_GRAPH_DATABASE"):
+                "HEADWATER_LOG_TOPIC", "HEADWATER_DLQ_TOPIC", "HEADWATER_GRAPH_DATABASE", "AWS_ENDPOINT_URL",
+                "AWS_REGION"):
         assert shared[key] == config[key], key
     # Prometheus scrapes the same jobs on the same ports as the ServiceMonitors.
     scrape = yaml.safe_load(compose()["configs"]["prometheus"]["content"])
