@@ -244,7 +244,7 @@ def drain(ctx: click.Context, idle: float) -> None:
               help="How connected components are found: large-star (the default) or graphx (indexer/README.md).")
 @click.pass_context
 def compact(ctx: click.Context, threshold: int | None, buckets: int | None, components: str | None) -> None:
-    """Recompute the connected sets of the Parquet store on Spark and switch to them (a new generation)."""
+    """Recompute the connected sets of the store on Spark and switch to them (a new generation)."""
     from pyspark.sql import SparkSession
 
     from headwater.adapters.spark import spark_session
@@ -270,7 +270,31 @@ def compact(ctx: click.Context, threshold: int | None, buckets: int | None, comp
     finally:
         if running is None:
             spark.stop()
-    _emit({k: v for k, v in manifest.items() if k != "covers"})
+    _emit({k: v for k, v in manifest.items() if k != "took"})
+
+
+@main.group("store")
+def store() -> None:
+    """The store's tables."""
+
+
+@store.command("migrate")
+@click.option("--from", "old", required=True, type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="The store folder of the layout before the lineage tables (a store_dir of release 0.1).")
+@click.pass_context
+def store_migrate(ctx: click.Context, old: Path) -> None:
+    """Read a store of the folder layout into the store's tables (store_dir: a folder or s3://bucket/prefix)."""
+    from headwater.store.migrate import migrate
+
+    config = _config(ctx)
+    if Path(old).absolute() == Path(config.store_uri()).absolute():
+        _fail(f"--from {old} is the store itself: migrate into another store_dir, then point the services at it")
+    try:
+        counts = migrate(old, config.store_uri(), config.edges_topic, config.log_topic,
+                         say=lambda s: click.echo(s, err=True))
+    except ValueError as exc:
+        _fail(str(exc))
+    _emit({"migrated": str(old), "into": config.store_uri(), **counts})
 
 
 @main.command("narrow")

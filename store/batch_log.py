@@ -210,6 +210,18 @@ class BatchLogWriter:
         """Static datasets' descriptions (``{name: props}``) logged at ``offset``; durable on return."""
         self.append_many(partition, [(offset, None, None, datasets)])
 
+    def import_entries(self, partition: int, entries: _Entries) -> int:
+        """Entries merged elsewhere (``migrate``), their positions kept, as one run of the partition; the epoch
+        past theirs. Returns the rows written."""
+        table = entries.table()
+        if table.num_rows:
+            self.table.commit([self.table.write_file(table, {"partition": partition}, name=RUN)])
+        epoch = entries.last >> OFFSET_BITS
+        if epoch > self._epoch(partition):
+            self.table.commit(txn=(_epoch_app(self.log_topic, partition), epoch))
+            self._epochs[partition] = epoch
+        return table.num_rows
+
     def _merge(self, partition: int) -> None:
         files = [f for f in self.table.files().to_pylist() if f["partition.partition"] == partition]
         merged = _runs_to_merge(files, self.run_records)
