@@ -80,12 +80,6 @@ class Snapshot:
         return Generation(self) if self.generation else None
 
 
-def store_version(store: "str | os.PathLike | Location", topic: str) -> int | None:
-    """Changes whenever what a reader of ``topic``'s lineage would read does (a shard's commit, a compaction):
-    the edges table's version."""
-    return LineageTables(store, topic).edges.version()
-
-
 class Generation:
     """One compacted generation, as a snapshot of the edges table holds it."""
 

@@ -26,7 +26,7 @@ import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 from urllib.parse import urlparse
 
@@ -61,7 +61,6 @@ class Location:
     """A place in the store: a local folder or an ``s3://bucket/prefix``."""
 
     uri: str
-    environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, where: "str | os.PathLike | Location") -> "Location":
@@ -82,16 +81,13 @@ class Location:
         return self.uri.startswith("s3://")
 
     def child(self, *parts: str) -> "Location":
-        return Location("/".join([self.uri, *parts]), self.environment)
-
-    def _env(self, name: str) -> str | None:
-        return self.environment.get(name, os.environ.get(name))
+        return Location("/".join([self.uri, *parts]))
 
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs's options for this place: S3's from the environment; None for a local folder."""
         if not self.is_s3:
             return None
-        found = {name: value for name in S3_ENVIRONMENT if (value := self._env(name))}
+        found = {name: value for name in S3_ENVIRONMENT if (value := os.environ.get(name))}
         if found.get("AWS_ENDPOINT_URL", "").startswith("http://"):
             found["AWS_ALLOW_HTTP"] = "true"
         return {**found, **CONDITIONAL_PUT}
@@ -100,18 +96,14 @@ class Location:
         """pyarrow's filesystem for this place, and the path within it."""
         if not self.is_s3:
             return pafs.LocalFileSystem(), self.uri
-        endpoint = self._env("AWS_ENDPOINT_URL") or ""
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or ""
         parsed = urlparse(endpoint)
         s3 = pafs.S3FileSystem(
-            access_key=self._env("AWS_ACCESS_KEY_ID"), secret_key=self._env("AWS_SECRET_ACCESS_KEY"),
-            session_token=self._env("AWS_SESSION_TOKEN"), region=self._env("AWS_REGION") or "us-east-1",
+            access_key=os.environ.get("AWS_ACCESS_KEY_ID"), secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=os.environ.get("AWS_SESSION_TOKEN"), region=os.environ.get("AWS_REGION") or "us-east-1",
             endpoint_override=parsed.netloc or None, scheme=parsed.scheme or "https",
             allow_bucket_creation=False)
         return s3, self.uri.removeprefix("s3://")
-
-    def path(self, relative: str) -> str:
-        """A file's path within ``filesystem()``."""
-        return f"{self.filesystem()[1]}/{relative}"
 
 
 class FilesGone(RuntimeError):
@@ -307,10 +299,6 @@ class Table:
         if table is None:
             return 0
         return int(table.delete(predicate).get("num_deleted_rows", 0))
-
-    def history(self, limit: int | None = None) -> list[dict]:
-        table = self.delta()
-        return [] if table is None else table.history(limit)
 
     def vacuum(self, keep_hours: float = KEEP_HOURS) -> list[str]:
         """Delete files no version within ``keep_hours`` reads (removed ones, and ones never committed)."""
