@@ -76,6 +76,12 @@ class StoreView:
         return found
 
 
+# The generation's rows records a client keeps between questions (the view never changes under it): the
+# asked row's record, read to check it is there, is then not read again by the walk. In the store's
+# object storage each read is a round trip.
+HELD_RECORDS = 100_000
+
+
 class _ParquetBackend(WalkingBackend):
     store = "store"
 
@@ -83,9 +89,12 @@ class _ParquetBackend(WalkingBackend):
         self.config = config
         self.view = view or StoreView(config.store_uri(), config.edges_topic)
         self.log = BatchLog(config.store_uri(), config.log_topic)
+        self._held: dict[int, dict] = {}  # the generation's rows records read, by rid (``HELD_RECORDS``)
 
     def _records(self, rids) -> dict[int, dict]:
-        return self.view.records(rids)
+        if len(self._held) > HELD_RECORDS:
+            self._held.clear()
+        return self.view.records(rids, self._held)
 
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         return self.log.refresh().statuses(pairs)
@@ -110,7 +119,8 @@ class _ParquetBackend(WalkingBackend):
 class CSProvBackend(_ParquetBackend):
     def _question(self, backward: bool) -> StoreAccess:
         gen, recent = self.view.generation, self.view.recent_edges
-        held: dict[int, dict] = {}  # the generation's rows records read so far, by rid
+        self._records([])  # bounds what is held
+        held = self._held  # the generation's rows records read so far, by rid
         near, onward = ("dst", "has_in") if backward else ("src", "has_out")
         read: set[int] = set()  # sets whose edges are loaded
         loaded: list[pa.Table] = []

@@ -4,11 +4,13 @@ A compacted generation writes its edges sorted by ``dst_set`` within each bucket
 and its rows records sorted by ``rid``, in small row groups. Each row group's min and max
 of the key are in the file's footer: ``SortedFiles`` reads the footers once, and a
 lookup then decodes only the row groups whose key range holds a wanted key, instead of
-whole files (a dataset filter would read every footer again on every call).
+whole files (a dataset filter would read every footer again on every call). A lookup reads its files at
+once, each file's row groups in one coalesced read (``pre_buffer``): in object storage a read is a round trip.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -17,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-sorted-read")
 
 
 class SortedFiles:
@@ -29,7 +33,7 @@ class SortedFiles:
         self._files: list[pq.ParquetFile] = []
         lows, highs, where = [], [], []
         for path in files:
-            parquet = pq.ParquetFile(str(path), filesystem=filesystem)
+            parquet = pq.ParquetFile(str(path), filesystem=filesystem, pre_buffer=True)
             column = parquet.schema_arrow.get_field_index(key)
             for group in range(parquet.metadata.num_row_groups):
                 chunk = parquet.metadata.row_group(group)
@@ -63,10 +67,12 @@ class SortedFiles:
             return self._empty(columns)
         needed = columns if columns is None or self.key in columns else columns + [self.key]
         values = pa.array(wanted, pa.int64())
-        parts = []
-        for file, groups in by_file.items():
-            table = self._files[file].read_row_groups(groups, columns=needed)
-            parts.append(table.filter(pc.is_in(table[self.key], values)))
+
+        def read(item: tuple[int, list[int]]) -> pa.Table:
+            table = self._files[item[0]].read_row_groups(item[1], columns=needed)
+            return table.filter(pc.is_in(table[self.key], values))
+        # Files at once: in object storage each read is a round trip, and they overlap.
+        parts = list(_READERS.map(read, by_file.items())) if len(by_file) > 1 else [read(next(iter(by_file.items())))]
         table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         schema = self._schema(columns)
         assert schema is not None  # a file was read, so there is its schema at least
