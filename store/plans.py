@@ -60,8 +60,10 @@ class PlanStore:
     def _refresh(self) -> dict[str, dict[int, dict]]:
         version = self.stamp()
         if version is not None and version != self._version:
-            files = self.table.files(version)["path"].to_pylist()
-            new = [path for path in files if path not in self._read]
+            files = self.table.files(version).to_pylist()
+            # Oldest first: a plan kept again for the same batch (a replay says the same) reads as the last one.
+            new = [f["path"] for f in sorted(files, key=lambda f: f["modification_time"])
+                   if f["path"] not in self._read]
             for rows in self.table.read_each(new, TABLE_SCHEMA.names).values():
                 for query, from_batch, plan in zip(rows["query"].to_pylist(), rows["from_batch"].to_pylist(),
                                                    rows["plan"].to_pylist()):

@@ -11,7 +11,6 @@ from its key's records since its state last began.
 from __future__ import annotations
 
 import base64
-import json
 import shutil
 import uuid
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient, choices
 from headwater.query.narrow.narrower import NarrowStore
+from headwater.store.plans import PlanStore
 from tests import pipelines
 from tests.capture.test_black_boxes import parsed, records_read
 from tests.conftest import index, local_file, sink_file_batches, while_initializing
@@ -247,15 +247,15 @@ def test_a_tampered_function_is_refused_and_the_superset_kept(env, runs):
     name, rows, batches = runs["tamper"].name, runs["tamper"].rows, runs["tamper"].batches
     inputs = entered(env, batches)
     # Someone with write access to the store swaps the function's bytes for others of the same length.
-    (kept,) = (env.config.store_path() / env.config.log_topic / "plans" / name.encode().hex()).glob("*.json")
-    plan = json.loads(kept.read_text())
+    plans = PlanStore(env.config.store_uri(), env.config.log_topic)
+    plan = plans.latest(name)
     (box,) = plan["black_boxes"]
     command = base64.b64decode(box["function"]["command"])
     box["function"]["command"] = base64.b64encode(command.replace(b"filter_enrich_split", b"centre".ljust(19, b"_"))
                                                   ).decode()
     with pytest.raises(signing.Unverified, match="signature does not match"):
         signing.verified(name, box["node_id"], box, KEY.encode())
-    kept.write_text(json.dumps(plan))
+    plans.write(name, plan.pop("from_batch"), plan.pop("fingerprint"), {k: v for k, v in plan.items() if k != "query"})
     # Other tests' forward walks went through this query too and narrowed its batches: a query tier that has
     # not narrowed them yet reads the tampered log.
     shutil.rmtree(NarrowStore(env.config).root / name.encode().hex(), ignore_errors=True)
