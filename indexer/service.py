@@ -386,18 +386,32 @@ class Indexer:
         """
         polled = dict(polled)
         for tp in self.unverified & consumer.assignment():
-            if tp.topic == self.config.log_topic:
-                if self.batch_log.holds(tp.partition) and consumer.committed(tp) is None:
-                    epoch = self.batch_log.new_epoch(tp.partition)
-                    self.say(f"batch log {self.config.log_topic}/{tp.partition}: the consumer group has no offset "
-                             f"for it, so the partition is read again from its beginning in epoch {epoch}")
+            try:
+                self._verify_partition(consumer, tp, polled)
+            except RETRYABLE as exc:  # the store is away: verified at a later poll, its records fetched again
+                self.stats.retries += 1
+                metrics.RETRIES.inc()
+                self.say(f"store unavailable while checking {tp.topic}:{tp.partition}, retrying: "
+                         f"{type(exc).__name__}: {exc}")
+                fetched = polled.pop(tp, None)
+                if fetched:
+                    consumer.seek(tp, fetched[0].offset)
                 continue
-            if self.shard(tp.partition).resume and consumer.committed(tp) is None:
-                self.set_aside(tp.partition)
-                consumer.seek_to_beginning(tp)
-                polled.pop(tp, None)  # fetched from where the old shard ended
-        self.unverified.clear()
+            self.unverified.discard(tp)
+        self.unverified &= consumer.assignment()  # those revoked meanwhile are their new owner's to check
         return polled
+
+    def _verify_partition(self, consumer: KafkaConsumer, tp, polled: dict) -> None:
+        if tp.topic == self.config.log_topic:
+            if self.batch_log.holds(tp.partition) and consumer.committed(tp) is None:
+                epoch = self.batch_log.new_epoch(tp.partition)
+                self.say(f"batch log {self.config.log_topic}/{tp.partition}: the consumer group has no offset "
+                         f"for it, so the partition is read again from its beginning in epoch {epoch}")
+            return
+        if self.shard(tp.partition).resume and consumer.committed(tp) is None:
+            self.set_aside(tp.partition)
+            consumer.seek_to_beginning(tp)
+            polled.pop(tp, None)  # fetched from where the old shard ended
 
     def _process(self, consumer: KafkaConsumer, polled: dict) -> None:
         done: dict = {}
