@@ -55,7 +55,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from headwater.store.edges import ROW_FIELDS, ROWS_SCHEMA, SHARD_GENERATION, STORE_SCHEMA, range_of
-from headwater.store.generation import Snapshot, generations_table
+from headwater.store.generation import Snapshot
 from headwater.store.tables import FilesGone
 
 from . import metrics
@@ -218,8 +218,8 @@ def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, thresho
     previous = snapshot.current()
     if not snapshot.shard_files and previous is None:
         raise ValueError(f"nothing to compact: no committed edges in {tables.edges}")
-    number = max(snapshot.generation, generations_table(tables).applied(CLAIM) or 0) + 1
-    if not generations_table(tables).commit(txn=(CLAIM, number)):
+    number = max(snapshot.generation, tables.generations.applied(CLAIM) or 0) + 1
+    if not tables.generations.commit(txn=(CLAIM, number)):
         raise CompactionBusy(f"another compaction of {topic} claimed generation {number}")
     took = sorted(snapshot.shard_ranges())
     stores = {store_id for store_id, _, _ in took}
@@ -251,7 +251,7 @@ def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, thresho
         added = [tables.edges.add_file(str(p), {"generation": number, "bucket": int(p.parent.name.split("=", 1)[1])})
                  for p in sorted((out / "edges").glob("bucket=*/*.parquet"))]
     manifest["seconds"] = round(time.monotonic() - started, 3)
-    generations = generations_table(tables)
+    generations = tables.generations
     generations.commit([generations.write_file(pa.table({
         "generation": [number], "buckets": [buckets], "manifest": [json.dumps(manifest)]}))])
     removed = [f["path"] for f in snapshot.shard_files + snapshot.generation_files]
@@ -279,8 +279,8 @@ def _local(table, paths: list[str], folder: Path) -> list[str]:
         return [table.file_path(p) for p in paths]
     folder.mkdir(parents=True, exist_ok=True)
     copies = []
-    for i, path in enumerate(paths):
-        copy = folder / f"{len(list(folder.iterdir()))}-{i}.parquet"
+    for path in paths:
+        copy = folder / path.replace("/", "_")  # a file's path in its table names it once
         pafs.copy_files(table.file_path(path), str(copy), source_filesystem=table.filesystem,
                         destination_filesystem=pafs.LocalFileSystem())
         copies.append(str(copy))

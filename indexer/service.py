@@ -183,7 +183,7 @@ class Indexer:
         """The store shard of an edges partition, opened (recovered, index rebuilt) on first use."""
         if partition not in self.shards:
             started = time.monotonic()
-            shard = Shard(self.config.store_uri(), self.config.edges_topic, partition).open()
+            shard = Shard(self.store_dir, self.config.edges_topic, partition).open()
             self.shards[partition] = shard
             self.say(f"store shard {self.config.edges_topic}/{partition}: resuming at offset {shard.resume} "
                      f"({len(shard.index.parent)} rows indexed, {time.monotonic() - started:.1f}s)")
@@ -193,7 +193,7 @@ class Indexer:
         """Start the partition's shard afresh under a new store id: the old one's data stay in the tables, read
         as before and taken in by the next compaction (``store/edges.py``)."""
         old = self.shard(partition).store.identity()
-        new = LineageTables(self.config.store_uri(), self.config.edges_topic).set_aside(partition)
+        new = LineageTables(self.store_dir, self.config.edges_topic).set_aside(partition)
         self.shards.pop(partition, None)
         self.say(f"store shard {self.config.edges_topic}/{partition}: the consumer group has no offset for it, "
                  f"so its store {old} was set aside and {new} is rebuilt from the topic")

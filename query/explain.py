@@ -524,7 +524,7 @@ class Explainer:
         if self._seen is not None and stamp == self._seen:
             return self
         plans: dict[str, list[tuple[int, Plan]]] = {}
-        for query, from_batch, kept in self._store.kept():
+        for query, from_batch, kept in self._store.kept(stamp):
             plan = self._made.get((query, from_batch))
             if plan is None or plan.plan is not kept:
                 plan = self._made[(query, from_batch)] = Plan(kept)

@@ -91,10 +91,14 @@ class _ParquetBackend(WalkingBackend):
         self.log = BatchLog(config.store_uri(), config.log_topic)
         self._held: dict[int, dict] = {}  # the generation's rows records read, by rid (``HELD_RECORDS``)
 
-    def _records(self, rids) -> dict[int, dict]:
+    def _held_records(self) -> dict[int, dict]:
+        """The generation's rows records read so far, by rid, forgotten past ``HELD_RECORDS``."""
         if len(self._held) > HELD_RECORDS:
             self._held.clear()
-        return self.view.records(rids, self._held)
+        return self._held
+
+    def _records(self, rids) -> dict[int, dict]:
+        return self.view.records(rids, self._held_records())
 
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         return self.log.refresh().statuses(pairs)
@@ -119,8 +123,7 @@ class _ParquetBackend(WalkingBackend):
 class CSProvBackend(_ParquetBackend):
     def _question(self, backward: bool) -> StoreAccess:
         gen, recent = self.view.generation, self.view.recent_edges
-        self._records([])  # bounds what is held
-        held = self._held  # the generation's rows records read so far, by rid
+        held = self._held_records()
         near, onward = ("dst", "has_in") if backward else ("src", "has_out")
         read: set[int] = set()  # sets whose edges are loaded
         loaded: list[pa.Table] = []

@@ -218,8 +218,7 @@ class BatchLogWriter:
             self.table.commit([self.table.write_file(table, {"partition": partition}, name=RUN)])
         epoch = entries.last >> OFFSET_BITS
         if epoch > self._epoch(partition):
-            self.table.commit(txn=(_epoch_app(self.log_topic, partition), epoch))
-            self._epochs[partition] = epoch
+            self._start_epoch(partition, epoch)
         return table.num_rows
 
     def _merge(self, partition: int) -> None:
@@ -242,9 +241,12 @@ class BatchLogWriter:
     def new_epoch(self, partition: int) -> int:
         """Entries appended from now on come after every entry the partition holds; returns the epoch."""
         epoch = self._epoch(partition) + 1
+        self._start_epoch(partition, epoch)
+        return epoch
+
+    def _start_epoch(self, partition: int, epoch: int) -> None:
         self.table.commit(txn=(_epoch_app(self.log_topic, partition), epoch))
         self._epochs[partition] = epoch
-        return epoch
 
     def release(self, partitions: Iterable[int]) -> None:
         for partition in partitions:

@@ -71,6 +71,7 @@ RECORDS_TABLE = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.int64()),
                           + RANGE_FIELDS + [pa.field("kind", pa.string())])
 _RECORD_COLUMNS = {"aliases": ("a", "b"), "dependencies": ("a", "b"), "cut": ("src_dataset", "dst_dataset")}
 _RECORD_SCHEMAS = {"aliases": ALIASES_SCHEMA, "dependencies": DEPENDENCIES_SCHEMA, "cut": CUT_SCHEMA}
+GENERATIONS_TABLE = pa.schema([("generation", pa.int64()), ("buckets", pa.int64()), ("manifest", pa.string())])
 EXITS_TABLE = pa.schema([("src", pa.int64()), ("dst_set", pa.int64()), ("generation", pa.int64())])
 DEPENDENCIES_TABLE = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64()), ("generation", pa.int64())])
 # Writes a shard's files and its records' commits at once (``EdgeStore.append``).
@@ -109,6 +110,7 @@ class LineageTables:
         self.records = Table(self.location.child("records"), RECORDS_TABLE, ["kind"])
         self.exits = Table(self.location.child("exits"), EXITS_TABLE, ["generation"])
         self.dependencies = Table(self.location.child("dependencies"), DEPENDENCIES_TABLE, ["generation"])
+        self.generations = Table(self.location.child("generations"), GENERATIONS_TABLE)  # one row per generation
 
     def epoch(self, partition: int) -> int:
         """The partition's shard epoch: 0 until one is set aside (``set_aside``)."""
@@ -194,11 +196,8 @@ class EdgeStore:
         rows = records.get("rows")
         if rows is not None:
             def commit_rows(store: str, first: int, last: int) -> int:
-                n = rows.num_rows
-                found = rows.cast(pa.schema([ROWS_SCHEMA.field(name) for name in rows.column_names]))
-                found = _constant(found.append_column("has_in", pa.nulls(n, pa.bool_()))
-                                  .append_column("has_out", pa.nulls(n, pa.bool_())), store, first, last)
-                file = self.tables.rows.write_file(_complete(found, self.tables.rows.file_schema),
+                file = self.tables.rows.write_file(_complete(_constant(rows, store, first, last),
+                                                             self.tables.rows.file_schema),
                                                    {"generation": SHARD_GENERATION}, name=store)
                 self.tables.rows.commit([file])
                 return file.size
@@ -281,7 +280,7 @@ class EdgeStore:
 
 
 def _complete(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with ``schema``'s columns it lacks as nulls."""
+    """``table`` in ``schema``: its columns cast, those it lacks as nulls (a shard's rows have no ``has_in``)."""
     n = table.num_rows
-    return pa.table([table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in schema],
-                    schema=schema)
+    return pa.table([table[f.name].cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
+                     for f in schema], schema=schema)

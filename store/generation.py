@@ -39,12 +39,6 @@ from .edges import ROWS_SCHEMA, SHARD_GENERATION, STORE_SCHEMA, LineageTables, b
 from .sorted_files import SortedFiles
 from .tables import Location, Table
 
-GENERATIONS_TABLE = pa.schema([("generation", pa.int64()), ("buckets", pa.int64()), ("manifest", pa.string())])
-
-
-def generations_table(tables: LineageTables) -> Table:
-    return Table(tables.location.child("generations"), GENERATIONS_TABLE)
-
 
 @dataclass
 class Snapshot:
@@ -99,7 +93,7 @@ class Generation:
 
     @cached_property
     def manifest(self) -> dict:
-        table = generations_table(self.tables)
+        table = self.tables.generations
         found = table.read(table.files()["path"].to_pylist(), filter=pc.field("generation") == self.number)
         if not found.num_rows:
             raise RuntimeError(f"generation {self.number} of {self.tables.location} has no row in its "

@@ -32,12 +32,10 @@ from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .batch_log import RUN_SCHEMA, BatchLogWriter, _Entries
-from .edges import RECORDS, STORE_SCHEMA, EdgeStore, LineageTables
-from .generation import generations_table
+from .edges import RECORDS, STORE_SCHEMA, EdgeStore, LineageTables, with_src_sets
 from .plans import PlanStore
 
 _SEP = "~"
@@ -54,9 +52,8 @@ def _ranges(shard: Path) -> list[tuple[int, int, str]]:
 
 def _read_range(shard: Path, stem: str) -> tuple[pa.Table, dict[str, pa.Table]]:
     edges = [pq.read_table(p) for p in sorted(shard.glob(f"edges/bucket=*/{stem}.parquet"))]
-    table = pa.concat_tables(edges).select(STORE_SCHEMA.names) if edges else STORE_SCHEMA.empty_table()
-    table = table.set_column(table.schema.get_field_index("src_set"), "src_set",
-                             pc.coalesce(table["src_set"], table["dst_set"]))
+    table = with_src_sets(pa.concat_tables(edges).select(STORE_SCHEMA.names) if edges
+                          else STORE_SCHEMA.empty_table())
     records = {kind: pq.read_table(shard / kind / f"{stem}.parquet") for kind in RECORDS
                if (shard / kind / f"{stem}.parquet").exists()}
     return table, records
@@ -83,7 +80,7 @@ def migrate_edges(old: Path, new: "str | os.PathLike", topic: str, say: Callable
         covers = manifest.get("covers", {})
         for name, table in (("exits", tables.exits), ("dependencies", tables.dependencies), ("rows", tables.rows)):
             table.commit([table.add_file(str(p), {"generation": 1}) for p in sorted((gen / name).glob("*.parquet"))])
-        generations = generations_table(tables)
+        generations = tables.generations
         generations.commit([generations.write_file(pa.table({
             "generation": [1], "buckets": [int(manifest["buckets"])],
             "manifest": [json.dumps({**manifest, "generation": 1, "migrated_from": number, "took": []})]}))])

@@ -57,8 +57,9 @@ class PlanStore:
         """Changes whenever a plan is kept: the table's version."""
         return self.table.version()
 
-    def _refresh(self) -> dict[str, dict[int, dict]]:
-        version = self.stamp()
+    def _refresh(self, version: int | None = None) -> dict[str, dict[int, dict]]:
+        """The plans as of ``version`` of the table (a ``stamp`` read already; else its latest)."""
+        version = self.stamp() if version is None else version
         if version is not None and version != self._version:
             files = self.table.files(version).to_pylist()
             # Oldest first: a plan kept again for the same batch (a replay says the same) reads as the last one.
@@ -85,9 +86,10 @@ class PlanStore:
         """Every query with a plan kept."""
         return sorted(self._refresh())
 
-    def kept(self) -> list[tuple[str, int, dict]]:
-        """Every plan kept: ``(query, from_batch, plan)``, by query, then in ``from_batch`` order."""
-        plans = self._refresh()
+    def kept(self, stamp: int | None = None) -> list[tuple[str, int, dict]]:
+        """Every plan kept: ``(query, from_batch, plan)``, by query, then in ``from_batch`` order; as of ``stamp``
+        when given (one look at the table's log fewer)."""
+        plans = self._refresh(stamp)
         return [(query, start, plans[query][start]) for query in sorted(plans) for start in sorted(plans[query])]
 
     def latest(self, query: str) -> dict | None:

@@ -10,7 +10,6 @@ once, each file's row groups in one coalesced read (``pre_buffer``): in object s
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -20,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-sorted-read")
+from .tables import READERS
 
 
 class SortedFiles:
@@ -72,7 +71,7 @@ class SortedFiles:
             table = self._files[item[0]].read_row_groups(item[1], columns=needed)
             return table.filter(pc.is_in(table[self.key], values))
         # Files at once: in object storage each read is a round trip, and they overlap.
-        parts = list(_READERS.map(read, by_file.items())) if len(by_file) > 1 else [read(next(iter(by_file.items())))]
+        parts = list(READERS.map(read, by_file.items())) if len(by_file) > 1 else [read(next(iter(by_file.items())))]
         table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         schema = self._schema(columns)
         assert schema is not None  # a file was read, so there is its schema at least

@@ -45,8 +45,9 @@ S3_ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SE
 # A commit is a put-if-absent of its log entry (S3's conditional writes, which SeaweedFS, MinIO and AWS
 # honour): no DynamoDB lock table, and two writers never both take one version.
 CONDITIONAL_PUT = {"AWS_CONDITIONAL_PUT": "etag"}
-# Reads files at once (``Table.read_each``).
-_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-read")
+# Reads files at once (``Table.read_each``, ``sorted_files.SortedFiles.read``): in object storage each read is a
+# round trip, and they overlap.
+READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-read")
 # Every table commits often (a shard's write, a batch's log record): its log entries older than a day go at
 # the next checkpoint (every 100 commits), or listing the log would slow with the stream's age.
 TABLE_CONFIGURATION = {"delta.logRetentionDuration": "interval 1 day", "delta.enableExpiredLogCleanup": "true"}
@@ -137,9 +138,12 @@ class Table:
 
     def delta(self, version: int | None = None, latest: bool = True) -> DeltaTable | None:
         """The table at ``version`` (else its latest; with ``latest`` False, as last read, which a blind append
-        may commit on: delta-rs puts it after whatever landed since), None if it was never created."""
+        may commit on: delta-rs puts it after whatever landed since), None if it was never created. At the
+        version last read, it is that same object, which the next read of the latest moves on: read it at once."""
         options = self.location.storage_options()
         if version is not None:
+            if self._table is not None and self._table.version() == version:
+                return self._table  # the one last read: no second load of the log
             try:
                 return DeltaTable(self.location.uri, version=version, storage_options=options)
             except TableNotFoundError:
@@ -182,15 +186,8 @@ class Table:
         """Write ``data`` (``file_schema``'s columns) as one Parquet file in its partition's folder; not committed.
 
         ``options`` go to ``pyarrow.parquet.write_table`` (zstd unless said)."""
-        values = {key: str(value) for key, value in (partition or {}).items()}
-        if sorted(values) != sorted(self.partition_by):
-            raise ValueError(f"{self}: a file needs a value of each of {self.partition_by}, not {sorted(values)}")
-        folder = "/".join(f"{key}={values[key]}" for key in self.partition_by)
-        relative = "/".join(filter(None, [folder, f"{name}{'-' if name else ''}{uuid.uuid4().hex}.parquet"]))
+        values, relative, path = self._new_file(partition or {}, name)
         data = data.select(self.file_schema.names).cast(self.file_schema)
-        path = self.file_path(relative)
-        if not self.location.is_s3:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
         options.setdefault("compression", "zstd")
         footers: list[pq.FileMetaData] = []
         pq.write_table(data, path, filesystem=self._fs, metadata_collector=footers, **options)
@@ -199,15 +196,23 @@ class Table:
     def add_file(self, local_path: str, partition: Mapping[str, int | str], name: str = "") -> Written:
         """Copy a Parquet file written elsewhere (by Spark, on a local disk) into the table's folder; not
         committed."""
-        values = {key: str(value) for key, value in partition.items()}
-        folder = "/".join(f"{key}={values[key]}" for key in self.partition_by)
-        relative = f"{folder}/{name}{'-' if name else ''}{uuid.uuid4().hex}.parquet"
-        path = self.file_path(relative)
-        if not self.location.is_s3:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+        values, relative, path = self._new_file(partition, name)
         pafs.copy_files(local_path, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self._fs)
         footer = pq.read_metadata(local_path)
         return Written(relative, int(self._fs.get_file_info(path).size), values, footer.num_rows, file_stats(footer))
+
+    def _new_file(self, partition: Mapping[str, int | str], name: str) -> tuple[dict[str, str], str, str]:
+        """A new data file's partition values, path from the table's root, and path in ``filesystem`` (its
+        folder made on a local disk)."""
+        values = {key: str(value) for key, value in partition.items()}
+        if sorted(values) != sorted(self.partition_by):
+            raise ValueError(f"{self}: a file needs a value of each of {self.partition_by}, not {sorted(values)}")
+        folder = "/".join(f"{key}={values[key]}" for key in self.partition_by)
+        relative = "/".join(filter(None, [folder, f"{name}{'-' if name else ''}{uuid.uuid4().hex}.parquet"]))
+        path = self.file_path(relative)
+        if not self.location.is_s3:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        return values, relative, path
 
     def commit(self, written: Iterable[Written] = (), removed: Iterable[str] = (), txn: tuple[str, int] | None = None,
                metadata: Mapping[str, str] | None = None) -> bool:
@@ -215,7 +220,7 @@ class Table:
         not made (``txn``'s writer had committed that far already).
 
         ``txn``: the writer's app id and the version it records (``applied`` reads it back). A writer whose app
-        id the table already records at ``txn``'s version or later commits nothing (None): the check and the
+        id the table already records at ``txn``'s version or later commits nothing (False): the check and the
         commit are made on one snapshot, and delta-rs refuses a commit when another with the same app id
         landed after that snapshot, so two writers of one range never both commit it."""
         written, removed = list(written), list(removed)
@@ -226,7 +231,7 @@ class Table:
                 return False
             present: dict[str, dict] = {}
             if removed:
-                present = {f["path"]: f for f in self.files().to_pylist()}
+                present = {f["path"]: f for f in _files_of(table).to_pylist()}
                 gone = [path for path in removed if path not in present]
                 if gone:
                     raise FilesGone(f"{self}: {len(gone)} of the files to remove were removed by another "
@@ -261,12 +266,7 @@ class Table:
         """The data files of ``version`` (else the latest): ``path`` (from the table's root), ``size_bytes``,
         ``num_records``, ``partition.<column>``, ``min.<column>``, ``max.<column>``."""
         table = self.delta(version)
-        if table is None:
-            return pa.table({"path": pa.array([], pa.string())})
-        found = pa.table(table.get_add_actions(flatten=True))
-        root = table.table_uri.rstrip("/") + "/"
-        paths = [p.removeprefix(root) for p in found["path"].to_pylist()]
-        return found.set_column(found.schema.get_field_index("path"), "path", pa.array(paths, pa.string()))
+        return pa.table({"path": pa.array([], pa.string())}) if table is None else _files_of(table)
 
     def file_path(self, relative: str) -> str:
         """A file's path in ``filesystem``."""
@@ -291,7 +291,7 @@ class Table:
         def read(relative: str) -> pa.Table:
             return pq.read_table(self.file_path(relative), columns=columns, filesystem=self._fs,
                                  schema=self.file_schema)
-        return dict(zip(relative_paths, _READERS.map(read, relative_paths)))
+        return dict(zip(relative_paths, READERS.map(read, relative_paths)))
 
     def delete(self, predicate: str) -> int:
         """Remove the rows ``predicate`` (SQL) matches, in one transaction; returns the rows removed."""
@@ -306,6 +306,14 @@ class Table:
         if table is None:
             return []
         return table.vacuum(retention_hours=int(keep_hours), enforce_retention_duration=False, dry_run=False)
+
+
+def _files_of(table: DeltaTable) -> pa.Table:
+    """The data files of the snapshot ``table`` holds (``Table.files``)."""
+    found = pa.table(table.get_add_actions(flatten=True))
+    root = table.table_uri.rstrip("/") + "/"
+    paths = [p.removeprefix(root) for p in found["path"].to_pylist()]
+    return found.set_column(found.schema.get_field_index("path"), "path", pa.array(paths, pa.string()))
 
 
 def file_stats(footer: pq.FileMetaData) -> str:
