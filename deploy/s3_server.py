@@ -3,9 +3,11 @@
 ``S3Server(folder)`` runs one ``weed mini`` process (master, volume, filer and S3 gateway in one) that keeps
 its data in ``folder/data``, listens on ``host`` only, every one of its ports chosen free (it has a dozen,
 each with a fixed default that two servers, or a server and anything else, would fight over), with one
-bucket made at start. It honours S3's conditional writes, which the store's Delta commits rely on
-(``store/tables.py``). ``environment()`` gives the variables a client of it reads: the endpoint, a region
-and the server's credentials (made up per server; a test's, never a secret).
+bucket made at start. On a host of a test's own (a network namespace: ``wrapper`` is ``ip netns exec NAME``,
+``host`` its address) the ports are fixed ones, all free on a host that runs nothing else. It honours S3's
+conditional writes, which the store's Delta commits rely on (``store/tables.py``). ``environment()`` gives
+the variables a client of it reads: the endpoint, a region and the server's credentials (made up per server;
+a test's, never a secret).
 
     with S3Server(tmp / "s3") as s3:
         os.environ.update(s3.environment())   # or Location(uri, s3.environment())
@@ -72,10 +74,14 @@ class S3Server:
     access_key: str = field(default_factory=lambda: "test-" + secrets.token_hex(4))
     secret_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     process: subprocess.Popen | None = field(default=None, repr=False)
+    wrapper: tuple[str, ...] = ()  # what the process runs under: ``ip netns exec NAME`` on a test's host
 
     def __post_init__(self):
         self.folder = Path(self.folder)
-        if not self.ports:
+        if not self.ports and self.wrapper:  # no port of that host is bound from here: its own are all free
+            self.ports = {name: 18000 + i for i, name in enumerate(PORTS)}
+            self.ports.update({"admin.port": 18100, "admin.port.grpc": 18100 + GRPC_OFFSET})
+        elif not self.ports:
             *found, admin = _free_ports(len(PORTS), self.host)
             self.ports = dict(zip(PORTS, found), **{"admin.port": admin, "admin.port.grpc": admin + GRPC_OFFSET})
 
@@ -100,7 +106,7 @@ class S3Server:
         command = self.command()
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         with open(self.folder / "weed.log", "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+            self.process = subprocess.Popen([*self.wrapper, *command], stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while not self._bucket_ready():

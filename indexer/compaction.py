@@ -54,7 +54,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from headwater.store.edges import ROW_FIELDS, ROWS_SCHEMA, SHARD_GENERATION, STORE_SCHEMA, range_of
+from headwater.store.edges import (
+    ROW_FIELDS,
+    ROWS_SCHEMA,
+    SHARD_GENERATION,
+    STORE_SCHEMA,
+    orphan_records,
+    range_of,
+    write_of,
+)
 from headwater.store.generation import Snapshot
 from headwater.store.tables import FilesGone
 
@@ -241,15 +249,15 @@ def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, thresho
         with _no_broadcast_joins(spark):
             manifest = _write(spark, edge_files, row_files, out, threshold, buckets, say, distinct=distinct,
                               components=components)
-        manifest.update(generation=number, topic=topic, threshold=threshold, buckets=buckets,
+        manifest.update(generation=number, topic=topic, threshold=threshold, buckets=buckets, members=True,
                         components=components, distinct=distinct, took=[list(r) for r in took],
                         created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         say(f"sets written; adding generation {number} to {tables.location}")
         for name, table in (("exits", tables.exits), ("dependencies", tables.dependencies), ("rows", tables.rows)):
             table.commit([table.add_file(str(p), {"generation": number})
                           for p in sorted((out / name).glob("*.parquet"))])
-        added = [tables.edges.add_file(str(p), {"generation": number, "bucket": int(p.parent.name.split("=", 1)[1])})
-                 for p in sorted((out / "edges").glob("bucket=*/*.parquet"))]
+        tables.members.commit(_bucket_files(tables.members, out / "members", number))
+        added = _bucket_files(tables.edges, out / "edges", number)
     manifest["seconds"] = round(time.monotonic() - started, 3)
     generations = tables.generations
     generations.commit([generations.write_file(pa.table({
@@ -262,11 +270,17 @@ def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, thresho
     metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
     say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
         f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")
-    freed = _remove_superseded(tables, number, previous, say)
+    freed = _remove_superseded(tables, number, previous, set(took), say)
     return {**manifest, "dropped_bytes": freed}
 
 
 CLAIM = "compaction"  # the generations table's app id: the generation number a compaction claimed
+
+
+def _bucket_files(table, folder: Path, number: int) -> list:
+    """Spark's files of ``folder/bucket=B/`` added to ``table`` as generation ``number``'s (not committed)."""
+    return [table.add_file(str(p), {"generation": number, "bucket": int(p.parent.name.split("=", 1)[1])})
+            for p in sorted(folder.glob("bucket=*/*.parquet"))]
 
 
 def _relative(table, path: str) -> str:
@@ -287,23 +301,29 @@ def _local(table, paths: list[str], folder: Path) -> list[str]:
     return copies
 
 
-def _remove_superseded(tables, number: int, previous, say: Callable[[str], None]) -> int:
+def _remove_superseded(tables, number: int, previous, took_now: set, say: Callable[[str], None]) -> int:
     """Remove what no reader of generation ``number`` or of the one before it needs: older generations' rows,
-    exits and dependencies, and the shards' records of the ranges the one before took; then vacuum."""
+    exits and dependencies, the shards' records of the ranges the one before took, and the shards' records of
+    ranges that never committed (``edges.orphan_records``); then vacuum."""
     keep = {number, previous.number if previous else number}
     took = {tuple(r) for r in previous.manifest.get("took", [])} if previous else set()
+    live = took | took_now | {write_of(f) for f in tables.edges.files().to_pylist()
+                              if f["partition.generation"] == SHARD_GENERATION}
     freed = 0
-    for table in (tables.rows, tables.exits, tables.dependencies, tables.records):
+    for table in (tables.rows, tables.members, tables.exits, tables.dependencies, tables.records):
         files = table.files().to_pylist()
         gone = [f for f in files
                 if (f.get("partition.generation") not in (None, SHARD_GENERATION)
                     and f["partition.generation"] not in keep)
                 or (f.get("partition.generation", SHARD_GENERATION) == SHARD_GENERATION and f.get("min.store")
                     and range_of(f) in took)]
+        if table in (tables.rows, tables.records):
+            named = {f["path"] for f in gone}
+            gone += [f for f in orphan_records(tables, files, live) if f["path"] not in named]
         if gone:
             table.commit(removed=[f["path"] for f in gone])
             freed += sum(int(f["size_bytes"]) for f in gone)
-    for table in (tables.edges, tables.rows, tables.exits, tables.dependencies, tables.records):
+    for table in (tables.edges, tables.rows, tables.members, tables.exits, tables.dependencies, tables.records):
         table.vacuum()
     if freed:
         say(f"removed {freed / 1e6:.1f} MB that generation {number} superseded")
@@ -353,9 +373,13 @@ def _write(spark: SparkSession, edge_files: list[str], row_files: list[str], out
     has_out = edges.select(F.col("src").alias("rid")).distinct().withColumn("has_out", F.lit(True))
     indexed = (sets.join(rows, "rid", "left").join(has_in, "rid", "left").join(has_out, "rid", "left")
                .select("rid", "set", *ROW_FIELDS, F.coalesce("has_in", F.lit(False)).alias("has_in"),
-                       F.coalesce("has_out", F.lit(False)).alias("has_out")))
+                       F.coalesce("has_out", F.lit(False)).alias("has_out"))).localCheckpoint()
     (indexed.repartitionByRange(max(1, spark.sparkContext.defaultParallelism), "rid").sortWithinPartitions("rid")
      .write.options(**PARQUET_OPTIONS).parquet(str(out / "rows")))
+    # The same records by set, in the edges' buckets: a walk reads a set's rows' records with its edges.
+    (indexed.withColumn("bucket", F.pmod("set", F.lit(buckets)))
+     .repartition("bucket").sortWithinPartitions("bucket", "set", "rid")
+     .write.options(**PARQUET_OPTIONS).partitionBy("bucket").parquet(str(out / "members")))
     crossing = placed.where(F.col("src_set") != F.col("dst_set"))
     dependencies = crossing.select("src_set", "dst_set").distinct()
     dependencies.coalesce(1).write.option("compression", "zstd").parquet(str(out / "dependencies"))

@@ -50,7 +50,7 @@ from headwater.core.schema import (
     decode_log,
 )
 from headwater.store.batch_log import BatchLogWriter
-from headwater.store.edges import LineageTables
+from headwater.store.edges import LineageTables, ShardMoved
 from headwater.store.graph import GraphWriter
 from headwater.store.plans import PlanStore
 
@@ -66,13 +66,14 @@ MAX_POLL_RECORDS = 200
 # work): big enough to amortize each write's files and round trips, small enough that
 # a crash loses little work and a restart makes progress.
 WRITE_BYTES = 1 << 20
-# Fault injection for the crash test only: seconds to wait between the stores' writes and
-# the offset commit, widening the window a kill -9 must hit to expose a replay.
+# Fault injection for the crash and many-writers tests only: seconds to wait before the shard's Delta commit
+# (its files written) and again before the offset commit, widening the windows a kill -9 or a cut network
+# must hit to expose a replay or a late commit.
 FAULT_PAUSE_ENV = "HEADWATER_INDEXER_FAULT_PAUSE_S"
 
-# Failures that pass: the write is retried. Any other failure is the message's own
-# fault and sends it to the dlq.
-RETRYABLE = (ServiceUnavailable, SessionExpired, TransientError, OSError, DeltaError)
+# Failures that pass: the write is retried (``ShardMoved``: from where another writer of the partition left
+# the shard). Any other failure is the message's own fault and sends it to the dlq.
+RETRYABLE = (ServiceUnavailable, SessionExpired, TransientError, OSError, DeltaError, ShardMoved)
 REJECTED = (Neo4jError, ValueError, TypeError, KeyError)
 
 
@@ -259,9 +260,10 @@ class Indexer:
         graph = self._graph_thread.submit(self._write_graph, nodes, edges)
 
         waited = 0.0
+        paused = False
 
         def graph_done() -> None:
-            nonlocal waited
+            nonlocal waited, paused
             began = time.monotonic()
             try:
                 graph.result()
@@ -271,6 +273,11 @@ class Indexer:
                 raise GraphRejected(f"{type(exc).__name__}: {exc}") from exc
             finally:
                 waited += time.monotonic() - began
+            if self._fault_pause_s and not paused:
+                paused = True
+                self.say(f"fault pause: {self._fault_pause_s}s before the store's commit of partition "
+                         f"{shard.partition} offsets {first}..{last}")
+                time.sleep(self._fault_pause_s)
 
         started = time.monotonic()
         try:

@@ -35,6 +35,7 @@ from headwater.store.edges import (
     ROWS_SCHEMA,
     SHARD_BUCKETS,
     EdgeStore,
+    ShardMoved,
 )
 from headwater.store.tables import Location
 
@@ -131,6 +132,9 @@ class Shard:
             table = edges.append_column("src_set", pa.array(recorded.src_set, pa.int64())) \
                          .append_column("dst_set", pa.array(recorded.dst_set, pa.int64()))
             written = self.store.append(table, first, last, _records(recorded, lookup, cut), before_commit)
+        except ShardMoved:
+            self.open()  # where the table stands now, and the set index as the other writer left it
+            raise
         except BaseException:
             self.index.undo(recorded)
             self.index.cut -= cut

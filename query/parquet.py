@@ -9,11 +9,15 @@ kept. Locally or in S3 alike: the tables' files are read through pyarrow's files
 
 - ``CSProvBackend`` (CSProv §III): an edge lies in its dst's set, so a backward step
   reads the sets of the frontier's rows, and a forward step those sets and the ones the
-  rows' edges cross into (the generation's ``exits``); the rows records (read first,
-  by rid, from a few small row groups) say each row's set and whether it has edges in or
-  out at all, so a source's set is never read for a backward step. Each set is read
-  once per question, from the row groups of its bucket that hold it, and walked with
-  the shards' recent edges.
+  rows' edges cross into (the generation's ``exits``). A set is read once per question, its
+  edges and its rows' records (the generation's ``members``) together, in one round of reads
+  from the row groups of its bucket that hold it, and walked with the shards' recent edges.
+  Only the rows a question starts from, and those of sets not read, are looked up by rid
+  (the generation's ``rows``, a few small row groups): the record says the row's set and
+  whether it has edges in or out at all, so a source's set is not read for a backward step.
+  Backward, a row an edge reaches is in the edge's src set, so its set is read with no
+  lookup at all. In object storage each round is a round trip: a question from an output
+  row to its sources costs about two, whatever the output's fan-in.
 - ``RecursiveBackend``: the baseline CSProv is measured against; every level of the
   walk scans every edge file of the generation.
 
@@ -121,26 +125,52 @@ class _ParquetBackend(WalkingBackend):
 
 @register("csprov")
 class CSProvBackend(_ParquetBackend):
+    def __init__(self, config: Config, view: StoreView | None = None):
+        super().__init__(config, view)
+        if self.view.generation is not None:
+            self.view.generation.open()  # a long-lived client: every footer read once, at start
+
     def _question(self, backward: bool) -> StoreAccess:
         gen, recent = self.view.generation, self.view.recent_edges
         held = self._held_records()
         near, onward = ("dst", "has_in") if backward else ("src", "has_out")
         read: set[int] = set()  # sets whose edges are loaded
         loaded: list[pa.Table] = []
+        placed: dict[int, int] = {}  # the set of rows the loaded edges reach, by rid (their records not read)
+        members: list[pa.Table] = []  # the rows records of the sets read: one table, grown as sets are read
+
+        def known(rids) -> None:
+            """The records of those of ``rids`` the sets read so far hold, into ``held`` (only those asked for:
+            a hub's walk reads a million rows' records, and makes a Python dict of a few thousand)."""
+            missing = [r for r in rids if r not in held]
+            if missing and members:
+                found = members[0].filter(pc.is_in(members[0]["rid"], pa.array(missing, pa.int64())))
+                for record in found.to_pylist():
+                    held.setdefault(record["rid"], record)
 
         def records(rids) -> dict[int, dict]:
+            known(rids)
             return self.view.records(rids, held)
 
         def load(frontier: list[int], gen: Generation) -> None:
-            records(frontier)
+            # Backward, a row reached by an edge is in the edge's src set: its set's edges and rows' records
+            # are read together, in one round, with no lookup of the row by rid first.
+            known(frontier)
+            records([r for r in frontier if r not in held and not (backward and r in placed)])
             going = [r for r in frontier if r in held and held[r][onward]]
             # An edge lies in its dst's set: backward, a row's edges are in its own set;
             # forward, in its own or those its edges cross into.
-            sets = {held[r]["set"] for r in going}
+            sets = {held[r]["set"] for r in going} | {placed[r] for r in frontier if r not in held and r in placed}
             new = (sets if backward else sets | gen.exits(going)) - read
             if new:
                 read.update(new)
-                loaded.append(gen.edges(new).select(EDGE_COLUMNS))
+                edges, records_of_sets = gen.sets(new)
+                loaded.append(edges.select(EDGE_COLUMNS))
+                if records_of_sets is not None and records_of_sets.num_rows:
+                    members[:] = [pa.concat_tables(members + [records_of_sets]).combine_chunks()]
+                if backward:
+                    sets_of = pc.coalesce(edges["src_set"], edges["dst_set"])
+                    placed.update(zip(edges["src"].to_pylist(), sets_of.to_pylist()))
 
         def step(frontier: list[int]) -> pa.Table:
             if gen is not None:

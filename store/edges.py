@@ -4,6 +4,7 @@ An edges topic's tables live under ``<store>/<topic>/`` (``store/tables.py`` ope
 
     edges/generation=G/bucket=B/…   the edges (``STORE_SCHEMA``) and, per file, the range that wrote it
     rows/generation=G/…              rows records: each rid's set, kind, dataset and coordinates
+    members/generation=G/bucket=B/…  a generation's rows records again, by set (``generation.py``)
     records/kind=K/…                 the shards' other set-index records (aliases, dependencies, cut)
     exits/…, dependencies/…          a compacted generation's crossings between sets (``generation.py``)
 
@@ -18,8 +19,13 @@ holds the edges of messages ``first..last``: its rows go to the buckets of their
 statistics skip the rest. The set index's records are committed first, then the edges, in a Delta commit
 whose application transaction (``txn``, app id ``<topic>/<store id>``) records ``last``: the table itself
 says where the shard resumes (``recover``), and a replay of a committed range commits nothing, even when a
-former owner of the partition writes it at the same time (``tables.Table.commit``). Records of a range
-whose edges never committed (a crash between the commits) are deleted by ``recover``.
+former owner of the partition writes it at the same time (``tables.Table.commit``). A commit is made only
+from the version its writer read (``after``): a writer whose view is behind (another committed ranges
+meanwhile, around a rebalance) commits nothing, removes the records it committed for the range, and raises
+``ShardMoved`` unless the table holds its whole range; it then reopens the shard and writes what is left.
+A write's files (edges and records) share one name (``write_of``): records whose write never committed its
+edges (a crash between the commits, before the replay) are never read, and a compaction removes them
+(``orphan_records``).
 
 ``src_set`` is stored only where it differs from ``dst_set`` (null otherwise): most edges stay inside a set,
 and a null costs a bit, not 8 bytes. ``store``, ``first`` and ``last`` are one value per file: a dictionary
@@ -29,6 +35,7 @@ page each.
 from __future__ import annotations
 
 import os
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Callable
@@ -39,7 +46,7 @@ import pyarrow.compute as pc
 
 from headwater.core.schema import EDGE_SCHEMA, NODE_SCHEMA
 
-from .tables import Location, Table
+from .tables import FilesGone, Location, Table, Written
 
 STORE_SCHEMA = pa.schema(list(EDGE_SCHEMA) + [pa.field("src_set", pa.int64()),
                                              pa.field("dst_set", pa.int64(), nullable=False)])
@@ -63,8 +70,11 @@ CUT_SCHEMA = pa.schema([("src_dataset", pa.string()), ("dst_dataset", pa.string(
 RANGE_FIELDS = [pa.field("store", pa.string()), pa.field("first", pa.int64()), pa.field("last", pa.int64())]
 EDGES_TABLE = pa.schema(list(STORE_SCHEMA) + RANGE_FIELDS
                         + [pa.field("generation", pa.int64()), pa.field("bucket", pa.int64())])
-ROWS_TABLE = pa.schema(list(ROWS_SCHEMA) + [pa.field("has_in", pa.bool_()), pa.field("has_out", pa.bool_())]
-                       + RANGE_FIELDS + [pa.field("generation", pa.int64())])
+# A generation's rows records: whether the row has edges in and out too (shards' records leave them null).
+MEMBERS_SCHEMA = pa.schema(list(ROWS_SCHEMA) + [pa.field("has_in", pa.bool_()), pa.field("has_out", pa.bool_())])
+ROWS_TABLE = pa.schema(list(MEMBERS_SCHEMA) + RANGE_FIELDS + [pa.field("generation", pa.int64())])
+# The same records by set (a generation's only): a walk reads the records of a set's rows with its edges.
+MEMBERS_TABLE = pa.schema(list(MEMBERS_SCHEMA) + [pa.field("generation", pa.int64()), pa.field("bucket", pa.int64())])
 # aliases (a: old, b: new), dependencies (a: src_set, b: dst_set), cut (the two datasets)
 RECORDS_TABLE = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.int64()),
                            pa.field("src_dataset", pa.string()), pa.field("dst_dataset", pa.string())]
@@ -76,6 +86,7 @@ EXITS_TABLE = pa.schema([("src", pa.int64()), ("dst_set", pa.int64()), ("generat
 DEPENDENCIES_TABLE = pa.schema([("src_set", pa.int64()), ("dst_set", pa.int64()), ("generation", pa.int64())])
 # Writes a shard's files and its records' commits at once (``EdgeStore.append``).
 _WRITERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="headwater-store")
+_Committed = tuple[Table, list[Written]]  # a records table and the files a write committed to it
 # The edge files' encodings: dictionaries for the columns of few values, plain for rids and sets.
 EDGE_DICTIONARY = ["query", "op", "cols", "exact", "batch", "store", "first", "last"]
 
@@ -107,6 +118,7 @@ class LineageTables:
         self.topic = topic
         self.edges = Table(self.location.child("edges"), EDGES_TABLE, ["generation", "bucket"])
         self.rows = Table(self.location.child("rows"), ROWS_TABLE, ["generation"])
+        self.members = Table(self.location.child("members"), MEMBERS_TABLE, ["generation", "bucket"])
         self.records = Table(self.location.child("records"), RECORDS_TABLE, ["kind"])
         self.exits = Table(self.location.child("exits"), EXITS_TABLE, ["generation"])
         self.dependencies = Table(self.location.child("dependencies"), DEPENDENCIES_TABLE, ["generation"])
@@ -123,6 +135,12 @@ class LineageTables:
         return store_id(partition, epoch)
 
 
+class ShardMoved(Exception):
+    """Another writer of the partition (its former or new owner, around a rebalance) committed ranges since
+    this one read where the shard stood: the write is not committed, and the writer must look again (reopen
+    the shard) before it writes what the table does not hold yet."""
+
+
 def store_id(partition: int, epoch: int) -> str:
     return f"p{partition}.e{epoch}"
 
@@ -130,6 +148,34 @@ def store_id(partition: int, epoch: int) -> str:
 def range_of(file: dict) -> tuple[str, int, int]:
     """A shard file's (store id, first, last), from its statistics (one value each per file)."""
     return file["min.store"], int(file["min.first"]), int(file["min.last"])
+
+
+def write_of(file: dict) -> tuple[str, int, int, str]:
+    """A shard file's range and the write that made it: the files of one ``append`` (edges and records) have
+    one name before their first ``-`` (``<store id>.w<token>``), so the records of a range written twice (a
+    crash between the commits, then the replay) are told from the replay's."""
+    return (*range_of(file), file["path"].rsplit("/", 1)[-1].split("-", 1)[0])
+
+
+def orphan_records(tables: "LineageTables", files: list[dict], live: set[tuple]) -> list[dict]:
+    """Those of a records table's ``files`` (shards' ones) whose write never committed and never will: its
+    range (``range_of``) and its write (``write_of``) not in ``live`` (the committed writes, and the ranges a
+    reader of an earlier generation may still read), and ended at or before where the edges table says its
+    shard stands, so no writer can commit it any more."""
+    applied: dict[str, int] = {}
+    found = []
+    for f in files:
+        if f.get("partition.generation", SHARD_GENERATION) != SHARD_GENERATION or not f.get("min.store"):
+            continue
+        store, _, last = range_of(f)
+        if range_of(f) in live or write_of(f) in live:
+            continue
+        if store not in applied:
+            version = tables.edges.applied(f"{tables.topic}/{store}")
+            applied[store] = -1 if version is None else version
+        if last <= applied[store]:
+            found.append(f)
+    return found
 
 
 class EdgeStore:
@@ -166,9 +212,15 @@ class EdgeStore:
         unknown = set(records or {}) - set(RECORDS)
         if unknown:
             raise ValueError(f"unknown record kind {sorted(unknown)}; known: {', '.join(RECORDS)}")
-        if last < self.resume():
+        applied = self.tables.edges.applied(self.app_id)
+        applied = -1 if applied is None else applied
+        if last <= applied:
             return 0  # already in the store (a replay after a crash)
+        if first <= applied:
+            raise ShardMoved(f"{self.app_id}: the table holds offsets to {applied}, past this write's first, "
+                             f"{first}: another writer of the partition wrote them since this one last looked")
         store = self.identity()
+        name = f"{store}.w{uuid.uuid4().hex[:12]}"  # this write's files' name (``write_of``)
         table = edges.select(STORE_SCHEMA.names).cast(STORE_SCHEMA)
         table = table.set_column(table.schema.get_field_index("src_set"), "src_set",
                                  pc.if_else(pc.equal(table["src_set"], table["dst_set"]),
@@ -178,40 +230,54 @@ class EdgeStore:
         # The bucket files and the records' two commits at once: writing Parquet and S3's round trips leave
         # the interpreter free, and only the edges' commit must wait for the records'.
         edge_files = [_WRITERS.submit(self.tables.edges.write_file, table.filter(pa.array(buckets == bucket)),
-                                      {"generation": SHARD_GENERATION, "bucket": bucket}, name=store,
+                                      {"generation": SHARD_GENERATION, "bucket": bucket}, name=name,
                                       use_dictionary=EDGE_DICTIONARY)
                       for bucket in np.unique(buckets).tolist()]
-        recorded = [_WRITERS.submit(commit, store, first, last) for commit in self._record_commits(records or {})]
+        recorded = [_WRITERS.submit(commit, store, first, last, name)
+                    for commit in self._record_commits(records or {})]
         files = [f.result() for f in edge_files]
-        written = sum(f.size for f in files) + sum(r.result() for r in recorded)
+        committed = [r.result() for r in recorded]
+        written = sum(f.size for f in files) + sum(f.size for _, kept in committed for f in kept)
         if before_commit is not None:
             before_commit()
-        self.tables.edges.commit(files, txn=(self.app_id, last))
+        if not self.tables.edges.commit(files, txn=(self.app_id, last), after=applied):
+            # Another writer (the partition's former or new owner, around a rebalance) committed first: its
+            # records stand, this write's go, so no row is recorded twice.
+            for table, kept in committed:
+                try:
+                    table.commit(removed=[f.path for f in kept])
+                except FilesGone:  # a compaction took them meanwhile
+                    pass
+            moved = self.tables.edges.applied(self.app_id)
+            if moved is None or moved < last:
+                raise ShardMoved(f"{self.app_id}: another writer of the partition committed offsets to {moved} "
+                                 f"while this one wrote {first}..{last}")
+            return 0  # it holds the whole range
         return written
 
-    def _record_commits(self, records: dict[str, pa.Table]) -> list[Callable[[str, int, int], int]]:
-        """One function per records table that writes and commits a write's records there; each returns the
-        bytes it wrote."""
-        commits: list[Callable[[str, int, int], int]] = []
+    def _record_commits(self, records: dict[str, pa.Table]) -> list[Callable[[str, int, int, str], _Committed]]:
+        """One function per records table that writes and commits a write's records there (its files named
+        ``name``); each returns the table and the files it committed."""
+        commits: list[Callable[[str, int, int, str], _Committed]] = []
         rows = records.get("rows")
         if rows is not None:
-            def commit_rows(store: str, first: int, last: int) -> int:
+            def commit_rows(store: str, first: int, last: int, name: str) -> _Committed:
                 file = self.tables.rows.write_file(_complete(_constant(rows, store, first, last),
                                                              self.tables.rows.file_schema),
-                                                   {"generation": SHARD_GENERATION}, name=store)
+                                                   {"generation": SHARD_GENERATION}, name=name)
                 self.tables.rows.commit([file])
-                return file.size
+                return self.tables.rows, [file]
             commits.append(commit_rows)
         others = {kind: found for kind in ("aliases", "dependencies", "cut")
                   if (found := records.get(kind)) is not None and found.num_rows}
         if others:
-            def commit_others(store: str, first: int, last: int) -> int:
+            def commit_others(store: str, first: int, last: int, name: str) -> _Committed:
                 files = [self.tables.records.write_file(
                     _complete(_constant(found.rename_columns(list(_RECORD_COLUMNS[kind])), store, first, last),
-                              self.tables.records.file_schema), {"kind": kind}, name=store)
+                              self.tables.records.file_schema), {"kind": kind}, name=name)
                          for kind, found in others.items()]
                 self.tables.records.commit(files)
-                return sum(f.size for f in files)
+                return self.tables.records, files
             commits.append(commit_others)
         return commits
 
@@ -221,14 +287,11 @@ class EdgeStore:
         return 0 if applied is None else applied + 1
 
     def recover(self) -> int:
-        """Delete the records of ranges whose edges never committed; returns the offset to resume from."""
-        resume = self.resume()
-        store = self.identity()
-        for table in (self.tables.rows, self.tables.records):
-            files = table.files().to_pylist()
-            if any(f.get("min.store") == store and int(f["min.last"]) >= resume for f in files):
-                table.delete(f"store = '{store}' AND last >= {resume}")
-        return resume
+        """The offset to resume from. Records of ranges whose edges never committed (a crash between the
+        commits) are left where they are: ``records`` reads only committed ranges' records, and a compaction
+        removes them (``orphan_records``). Deleting them here could delete a former owner's records of a range
+        it is about to commit."""
+        return self.resume()
 
     def shard_files(self, sets=None) -> list[dict]:
         """This shard's committed edge files that no generation holds yet (of the buckets of ``sets`` only,
@@ -254,14 +317,16 @@ class EdgeStore:
         """This shard's committed records of one ``RECORDS`` kind that no generation holds yet, in commit
         order; None if there is none."""
         store = self.identity()
+        writes = {write_of(f) for f in self.shard_files()}  # a write whose edges never committed has none
         if kind == "rows":
             files = [f for f in self.tables.rows.files().to_pylist()
-                     if f["partition.generation"] == SHARD_GENERATION and f.get("min.store") == store]
+                     if f["partition.generation"] == SHARD_GENERATION and f.get("min.store") == store
+                     and write_of(f) in writes]
             found = self.tables.rows.read([f["path"] for f in files], ROWS_SCHEMA.names + ["last"])
             names = ROWS_SCHEMA.names
         else:
             files = [f for f in self.tables.records.files().to_pylist()
-                     if f["partition.kind"] == kind and f.get("min.store") == store]
+                     if f["partition.kind"] == kind and f.get("min.store") == store and write_of(f) in writes]
             found = self.tables.records.read([f["path"] for f in files], [*_RECORD_COLUMNS[kind], "last"])
             found = found.rename_columns([*_RECORD_SCHEMAS[kind].names, "last"])
             names = _RECORD_SCHEMAS[kind].names

@@ -6,15 +6,20 @@ writes them as generation N (1, 2, …) into the topic's tables (``edges.Lineage
     edges/generation=N/bucket=B/   the edges, B = dst set mod the generation's buckets, sorted by (dst set, dst)
     rows/generation=N/             rid → set, with the row's kind, dataset and coordinates and whether it has
                                    edges in (has_in) and out (has_out), sorted by rid
+    members/generation=N/bucket=B/ the same records, B = set mod the generation's buckets, sorted by (set, rid):
+                                   a walk reads a set's rows' records with its edges, in the same round of
+                                   reads, and looks up by rid only the rows it starts from (a set's rows are
+                                   scattered over the rid order: looked up by rid, an aggregate's thousand
+                                   inputs read most of the rows table)
     dependencies/generation=N/     (src set, dst set) of the edges that cross sets
     exits/generation=N/            (src, dst set) of the edges that cross sets, sorted by src
     generations                    one row per generation: its number, buckets, and its manifest (JSON)
 
-The rows, dependencies, exits and the generation's row are committed first; then one Delta commit of the
-edges table adds generation N's files and removes generation N-1's and the shards' files (generation 0) it
-took in. That commit is the switch: a reader of the edges table sees the old generation and the shards'
+The rows, members, dependencies, exits and the generation's row are committed first; then one Delta commit
+of the edges table adds generation N's files and removes generation N-1's and the shards' files (generation
+0) it took in. That commit is the switch: a reader of the edges table sees the old generation and the shards'
 ranges, or the new one and the ranges it did not take, never a mix, and a compaction killed at any point
-leaves the old one current. The previous generation's rows, dependencies and exits, and the shards' records
+leaves the old one current. The previous generation's rows, members, dependencies and exits, and the shards' records
 of the ranges it took, are removed by the next compaction (a reader that opened the edges table before the
 switch still finds them), and ``vacuum`` deletes files no version read within the last hour needs. Older
 generations stay readable as the tables' earlier versions (time travel) until then.
@@ -35,9 +40,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .edges import ROWS_SCHEMA, SHARD_GENERATION, STORE_SCHEMA, LineageTables, bucket_of, range_of, with_src_sets
-from .sorted_files import SortedFiles
-from .tables import Location, Table
+from .edges import (
+    MEMBERS_SCHEMA,
+    SHARD_GENERATION,
+    STORE_SCHEMA,
+    LineageTables,
+    bucket_of,
+    range_of,
+    with_src_sets,
+    write_of,
+)
+from .sorted_files import SortedFiles, read_many
+from .tables import READERS, Location, Table
 
 
 @dataclass
@@ -65,10 +79,10 @@ class Snapshot:
         return {range_of(f) for f in self.shard_files}
 
     def shard_rows_files(self) -> list[str]:
-        """The rows records of the shards' ranges no generation holds."""
-        ranges = self.shard_ranges()
+        """The rows records of the shards' ranges no generation holds (of the writes that committed them)."""
+        writes = {write_of(f) for f in self.shard_files}
         return [f["path"] for f in self.tables.rows.files().to_pylist()
-                if f["partition.generation"] == SHARD_GENERATION and range_of(f) in ranges]
+                if f["partition.generation"] == SHARD_GENERATION and write_of(f) in writes]
 
     def current(self) -> "Generation | None":
         return Generation(self) if self.generation else None
@@ -86,6 +100,8 @@ class Generation:
         self._rows: SortedFiles | None = None
         self._exits: SortedFiles | None = None
         self._edges: dict[int, SortedFiles] = {}  # by bucket
+        self._by_set: dict[int, SortedFiles] = {}  # the members table's, by bucket
+        self._member_files: dict[int, list[str]] | None = None
 
     @classmethod
     def current(cls, store: "str | os.PathLike | Location", topic: str) -> "Generation | None":
@@ -130,8 +146,7 @@ class Generation:
             files = self.row_files()
             if not files:  # a reader that opened the edges table before two compactions: look again
                 raise FileNotFoundError(f"generation {self.number}'s rows are gone from {self.tables.rows}")
-            schema = pa.schema(list(ROWS_SCHEMA) + [pa.field("has_in", pa.bool_()), pa.field("has_out", pa.bool_())])
-            self._rows = SortedFiles(files, "rid", schema, self.tables.rows.filesystem)
+            self._rows = SortedFiles(files, "rid", MEMBERS_SCHEMA, self.tables.rows.filesystem)
         return self._rows
 
     def exits(self, rids) -> set[int]:
@@ -170,10 +185,36 @@ class Generation:
     def edges(self, sets) -> pa.Table:
         """The edges whose dst lies in ``sets``, read from the row groups holding those sets only, ``src_set``
         filled in."""
+        return self.sets(sets, members=False)[0]
+
+    def sets(self, sets, members: bool = True) -> tuple[pa.Table, pa.Table | None]:
+        """The edges whose dst lies in ``sets`` (as ``edges``) and, with ``members``, the rows records of
+        every row of ``sets`` (as ``rows``), read together: one round of reads. The records are None where the
+        generation has no members table (a generation migrated from the store's former layout)."""
         wanted = np.unique(np.asarray(list(sets), np.int64))
         buckets = bucket_of(wanted, self.buckets)
-        parts = [self._bucket(b).read(wanted[buckets == b]) for b in np.unique(buckets).tolist()]
-        return with_src_sets(pa.concat_tables(parts) if parts else STORE_SCHEMA.empty_table())
+        chosen = [(b, wanted[buckets == b]) for b in np.unique(buckets).tolist()]
+        lookups: list = [(self._bucket(b), keys, None) for b, keys in chosen]
+        members = members and bool(self.manifest.get("members"))
+        if members:
+            lookups += [(self._members(b), keys, None) for b, keys in chosen]
+        found = read_many(lookups)
+        edges = [t for t in found[:len(chosen)] if t.num_rows]
+        edges_table = with_src_sets(pa.concat_tables(edges) if edges else STORE_SCHEMA.empty_table())
+        if not members:
+            return edges_table, None
+        records = [t for t in found[len(chosen):] if t.num_rows]
+        return edges_table, pa.concat_tables(records) if records else MEMBERS_SCHEMA.empty_table()
+
+    def open(self) -> "Generation":
+        """Read every footer a lookup needs (each bucket's edges and members, the rows and the exits) now, at
+        once, so that no question pays for its bucket's first open: in object storage each is a round trip."""
+        opened = [lambda b=b: self._bucket(b) for b in range(self.buckets)]
+        if self.manifest.get("members"):
+            opened += [lambda b=b: self._members(b) for b in range(self.buckets)]
+        opened += [self._rows_files, lambda: self.exits([])]
+        list(READERS.map(lambda open_one: open_one(), opened))
+        return self
 
     def _bucket(self, bucket: int) -> SortedFiles:
         """A bucket's files: each holds sets of every range, so only the set's bucket narrows a lookup to its files."""
@@ -182,6 +223,19 @@ class Generation:
                      if f["partition.bucket"] == bucket]
             self._edges[bucket] = SortedFiles(files, "dst_set", STORE_SCHEMA, self.tables.edges.filesystem)
         return self._edges[bucket]
+
+    def _members(self, bucket: int) -> SortedFiles:
+        """A bucket's rows records, by set."""
+        if self._member_files is None:
+            found: dict[int, list[str]] = {}  # filled before it is set: threads open buckets at once (``open``)
+            for f in self.tables.members.files().to_pylist():
+                if f["partition.generation"] == self.number:
+                    found.setdefault(f["partition.bucket"], []).append(self.tables.members.file_path(f["path"]))
+            self._member_files = found
+        if bucket not in self._by_set:
+            self._by_set[bucket] = SortedFiles(self._member_files.get(bucket, []), "set", MEMBERS_SCHEMA,
+                                               self.tables.members.filesystem)
+        return self._by_set[bucket]
 
     def size_bytes(self) -> int:
         return sum(int(f["size_bytes"]) for f in self.snapshot.generation_files)

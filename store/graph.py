@@ -14,12 +14,14 @@ and what it had committed is then skipped or merged.
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from neo4j.exceptions import ClientError, TransientError
 
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
@@ -170,10 +172,21 @@ class GraphWriter:
     def _session(self):
         return self._driver.session(database=self.config.graph_database)
 
-    def ensure_schema(self) -> None:
-        with self._session() as s:
-            for statement in SCHEMA_STATEMENTS:
-                s.run(statement).consume()
+    def ensure_schema(self, attempts: int = 10) -> None:
+        """The constraints and indexes made (each statement is a no-op once they exist). Replicas that start at
+        once make them at once: Neo4j may end one's transaction as a deadlock, or refuse a rule another made
+        meanwhile (``IF NOT EXISTS`` looked before it was there); it is tried again."""
+        for attempt in range(attempts):
+            try:
+                with self._session() as s:
+                    for statement in SCHEMA_STATEMENTS:
+                        s.run(statement).consume()
+                return
+            except (TransientError, ClientError) as exc:
+                raced = isinstance(exc, TransientError) or (exc.code or "").startswith("Neo.ClientError.Schema.")
+                if not raced or attempt == attempts - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def write_lineage(self, nodes: pa.Table, edges: pa.Table) -> int:
         """Write rows, then edges, each in concurrent transactions; returns the edges written (not skipped

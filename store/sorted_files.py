@@ -11,7 +11,7 @@ once, each file's row groups in one coalesced read (``pre_buffer``): in object s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -53,25 +53,32 @@ class SortedFiles:
 
     def read(self, keys, columns: list[str] | None = None) -> pa.Table:
         """The rows whose ``key`` is one of ``keys``, from the row groups that may hold them only."""
+        return read_many([(self, keys, columns)])[0]
+
+    def _reads(self, keys, columns: list[str] | None) -> list[Callable[[], pa.Table]]:
+        """One read per file with row groups that may hold one of ``keys``."""
         wanted = np.unique(np.asarray(keys, np.int64))
         if not len(wanted) or not self._where:
-            return self._empty(columns)
+            return []
         # A group holds a wanted key when some wanted key lies in [low, high].
         hit = np.searchsorted(wanted, self._lows, "left") < np.searchsorted(wanted, self._highs, "right")
         by_file: dict[int, list[int]] = {}
         for i in np.flatnonzero(hit).tolist():
             file, group = self._where[i]
             by_file.setdefault(file, []).append(group)
-        if not by_file:
-            return self._empty(columns)
         needed = columns if columns is None or self.key in columns else columns + [self.key]
         values = pa.array(wanted, pa.int64())
 
-        def read(item: tuple[int, list[int]]) -> pa.Table:
-            table = self._files[item[0]].read_row_groups(item[1], columns=needed)
-            return table.filter(pc.is_in(table[self.key], values))
-        # Files at once: in object storage each read is a round trip, and they overlap.
-        parts = list(READERS.map(read, by_file.items())) if len(by_file) > 1 else [read(next(iter(by_file.items())))]
+        def reader(file: int, groups: list[int]) -> Callable[[], pa.Table]:
+            def read() -> pa.Table:
+                table = self._files[file].read_row_groups(groups, columns=needed)
+                return table.filter(pc.is_in(table[self.key], values))
+            return read
+        return [reader(file, groups) for file, groups in by_file.items()]
+
+    def _joined(self, parts: list[pa.Table], columns: list[str] | None) -> pa.Table:
+        if not parts:
+            return self._empty(columns)
         table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
         schema = self._schema(columns)
         assert schema is not None  # a file was read, so there is its schema at least
@@ -86,3 +93,16 @@ class SortedFiles:
     def _empty(self, columns: list[str] | None) -> pa.Table:
         schema = self._schema(columns)
         return (schema or pa.schema([(self.key, pa.int64())])).empty_table()
+
+
+def read_many(lookups: Sequence[tuple[SortedFiles, object, list[str] | None]]) -> list[pa.Table]:
+    """Several lookups, ``(files, keys, columns)``, as one round: every file read of all of them at once (in
+    object storage each read is a round trip, and they overlap). Their tables, in order."""
+    plans = [files._reads(keys, columns) for files, keys, columns in lookups]
+    reads = [read for plan in plans for read in plan]
+    done = list(READERS.map(lambda read: read(), reads)) if len(reads) > 1 else [read() for read in reads]
+    tables, at = [], 0
+    for (files, _, columns), plan in zip(lookups, plans):
+        tables.append(files._joined(done[at:at + len(plan)], columns))
+        at += len(plan)
+    return tables

@@ -215,20 +215,25 @@ class Table:
         return values, relative, path
 
     def commit(self, written: Iterable[Written] = (), removed: Iterable[str] = (), txn: tuple[str, int] | None = None,
-               metadata: Mapping[str, str] | None = None) -> bool:
+               metadata: Mapping[str, str] | None = None, after: int | None = None) -> bool:
         """Add ``written`` files and remove the files at ``removed`` paths in one transaction; False if it was
-        not made (``txn``'s writer had committed that far already).
+        not made (``txn``'s writer had committed that far already, or not from ``after``).
 
         ``txn``: the writer's app id and the version it records (``applied`` reads it back). A writer whose app
-        id the table already records at ``txn``'s version or later commits nothing (False): the check and the
-        commit are made on one snapshot, and delta-rs refuses a commit when another with the same app id
-        landed after that snapshot, so two writers of one range never both commit it."""
+        id the table already records at ``txn``'s version or later commits nothing (False); with ``after``
+        (the version the writer read, -1 for none), nor does one whose app id the table records at any other
+        version than that: another writer moved it meanwhile. The check and the commit are made on one
+        snapshot, and delta-rs refuses a commit when another with the same app id landed after that snapshot,
+        so two writers of one range never both commit it."""
         written, removed = list(written), list(removed)
         for attempt in range(COMMIT_ATTEMPTS):
             # A blind append (no txn, nothing removed) needs no fresh snapshot: one look at the log fewer.
             table = self.ensure(latest=bool(txn or removed) or attempt > 0)
-            if txn is not None and (table.transaction_version(txn[0]) or -1) >= txn[1]:
-                return False
+            if txn is not None:
+                recorded = table.transaction_version(txn[0])
+                recorded = -1 if recorded is None else recorded
+                if recorded >= txn[1] or (after is not None and recorded != after):
+                    return False
             present: dict[str, dict] = {}
             if removed:
                 present = {f["path"]: f for f in _files_of(table).to_pylist()}

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headwater.store.edges import STORE_SCHEMA, EdgeStore, LineageTables, with_src_sets
+from headwater.store.edges import STORE_SCHEMA, EdgeStore, LineageTables, ShardMoved, with_src_sets
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.stack)])
@@ -57,13 +57,15 @@ def test_a_replayed_range_is_not_written_twice(where):
 
 
 def test_two_writers_of_one_range_at_once_commit_it_once(where):
-    """A partition's former owner and its new one write the same range at the same moment."""
+    """A partition's former owner and its new one write the same range at the same moment: the edges land
+    once, and so do the range's rows records (the writers that lose remove theirs)."""
     a = edges(4, n=2000)
+    rows = pa.table({"rid": [1, 2, 3], "set": [1, 1, 3]})
     errors = []
 
     def write() -> None:
         try:
-            EdgeStore(where, "edges", 0).append(a, 0, 9)
+            EdgeStore(where, "edges", 0).append(a, 0, 9, records={"rows": rows})
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -73,13 +75,36 @@ def test_two_writers_of_one_range_at_once_commit_it_once(where):
     for t in threads:
         t.join()
     assert not errors
-    table = EdgeStore(where, "edges", 0).read()
+    store = EdgeStore(where, "edges", 0)
+    table = store.read()
     assert table.num_rows == a.num_rows and as_set(table) == as_set(a)
+    assert sorted(store.records("rows")["rid"].to_pylist()) == [1, 2, 3]
+
+
+def test_a_writer_behind_another_commits_nothing_of_an_overlapping_range(where):
+    """Around a rebalance, two owners of a partition read it at offset 0: one commits 0..4 while the other,
+    its files and records written, is about to commit 0..9. The late one commits nothing (``ShardMoved``, its
+    records removed), and, having looked again, writes 5..9 alone: every edge once, every row recorded once."""
+    a, b = edges(1), edges(2)
+    late, other = EdgeStore(where, "edges", 0), EdgeStore(where, "edges", 0)
+    with pytest.raises(ShardMoved, match="committed offsets to 4"):
+        late.append(pa.concat_tables([a, b]), 0, 9, records={"rows": pa.table({"rid": [1, 2, 3], "set": [1, 1, 3]})},
+                    before_commit=lambda: other.append(a, 0, 4, records={"rows": pa.table({"rid": [1], "set": [1]})}))
+    assert late.read().num_rows == a.num_rows and as_set(late.read()) == as_set(a)
+    with pytest.raises(ShardMoved, match="holds offsets to 4"):  # nor from a view still behind
+        late.append(pa.concat_tables([a, b]), 0, 9)
+    assert late.resume() == 5
+    late.append(b, 5, 9, records={"rows": pa.table({"rid": [2, 3], "set": [1, 3]})})
+    table = late.read()
+    assert table.num_rows == a.num_rows + b.num_rows and as_set(table) == as_set(a) | as_set(b)
+    assert sorted(late.records("rows")["rid"].to_pylist()) == [1, 2, 3]
+    rows = late.tables.rows
+    assert sorted(rows.read(rows.files()["path"].to_pylist(), ["rid"])["rid"].to_pylist()) == [1, 2, 3]
 
 
 def test_a_write_cut_short_is_never_read_and_its_records_are_undone(where):
-    """A crash after the files and the records but before the edges' commit: readers never see the files,
-    recovery deletes the records, the replay lands once."""
+    """A crash after the files and the records but before the edges' commit: readers never see the files
+    nor the records (their range never committed), the replay lands once."""
     store = EdgeStore(where, "edges", 0, buckets=8)
     first = edges(4)
     store.append(first, 0, 9, records={"rows": pa.table({"rid": [1, 2], "set": [1, 1]})})
@@ -92,7 +117,8 @@ def test_a_write_cut_short_is_never_read_and_its_records_are_undone(where):
         store.append(cut, 10, 19, records={"rows": pa.table({"rid": [3], "set": [3]}),
                                            "aliases": pa.table({"old": [3], "new": [1]})}, before_commit=crash)
     assert as_set(store.read()) == as_set(first)  # readers never see the cut write's edges
-    assert store.records("rows")["rid"].to_pylist() == [1, 2, 3]  # its records committed first
+    everything = store.tables.rows.read(store.tables.rows.files()["path"].to_pylist(), ["rid"])
+    assert sorted(everything["rid"].to_pylist()) == [1, 2, 3]  # its records committed first, and are not read
     assert store.recover() == 10
     assert store.records("rows")["rid"].to_pylist() == [1, 2] and store.records("aliases") is None
     store.append(cut, 10, 19, records={"rows": pa.table({"rid": [3], "set": [3]})})
