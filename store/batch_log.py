@@ -8,8 +8,9 @@ record's offset is committed. The entries are a Delta table (``tables.py``), loc
 in S3, partitioned by the log partition:
 
     <store>/<log topic>/batch_log/partition=<P>/…   one row per batch or dataset: ``query``, ``batch``,
-                                                      ``dataset``, ``status``, ``status_at``, and ``fields``
-                                                      as JSON ``{field: [position, value]}``
+                                                      ``dataset``, ``status``, ``status_at``, ``tables``
+                                                      (static table → version read), ``tables_at``, and
+                                                      ``fields`` as JSON ``{field: [position, value]}``
 
 An append is one commit of one file, of one record or of many (``append_many``). ``BatchLog`` reads
 it with pyarrow and json alone (no Kafka, no graph, no Spark).
@@ -49,7 +50,9 @@ OFFSET_BITS = 48
 RUN_RECORDS = 64
 
 # ``fields``: JSON ``{field: [position, value]}``, every field the batch's (or dataset's)
-# records set; ``status`` and ``status_at`` repeat the status so statuses need no JSON.
+# records set; ``status`` and ``status_at`` repeat the status so statuses need no JSON, and ``tables`` and
+# ``tables_at`` the versions of the static tables the batch read (its ``tables`` field: table → version)
+# so that a person's SQL asks which batches read a version without JSON (query/README.md).
 RUN_SCHEMA = pa.schema([
     pa.field("query", pa.string()),
     pa.field("batch", pa.int64()),
@@ -57,8 +60,12 @@ RUN_SCHEMA = pa.schema([
     pa.field("status", pa.string()),
     pa.field("status_at", pa.int64()),
     pa.field("fields", pa.string()),
+    pa.field("tables", pa.map_(pa.string(), pa.string())),
+    pa.field("tables_at", pa.int64()),
 ])
 TABLE_SCHEMA = pa.schema(list(RUN_SCHEMA) + [pa.field("partition", pa.int64())])
+# What headwater reads: ``tables`` and ``tables_at`` are for SQL, and ``fields`` has them.
+READ_COLUMNS = [name for name in RUN_SCHEMA.names if not name.startswith("tables")]
 RUN = "run"  # what a merged file's name starts with
 
 
@@ -132,8 +139,11 @@ class _Entries:
         rows = []
         for (query, batch), fields in sorted(self.batches.items()):
             at, status = fields.get("status", (None, None))
+            tables_at, tables = fields.get("tables", (None, None))
             rows.append({"query": query, "batch": batch, "status": _status_text(status), "status_at": at,
-                         "fields": json.dumps(fields, sort_keys=True)})
+                         "fields": json.dumps(fields, sort_keys=True),
+                         **({"tables": sorted((str(k), str(v)) for k, v in tables.items()), "tables_at": tables_at}
+                            if isinstance(tables, dict) else {})})
         for name, fields in sorted(self.datasets.items()):
             rows.append({"dataset": name, "fields": json.dumps(fields, sort_keys=True)})
         return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
@@ -227,7 +237,7 @@ class BatchLogWriter:
         if not merged:
             return
         entries = _Entries()
-        entries.add_rows(self.table.read(merged, RUN_SCHEMA.names))
+        entries.add_rows(self.table.read(merged, READ_COLUMNS))
         run = self.table.write_file(entries.table(), {"partition": partition}, name=RUN)
         try:
             self.table.commit([run], removed=merged)
@@ -330,7 +340,7 @@ class BatchLog:
         files = self.table.files(version).to_pylist()
         new = [f["path"] for f in files if f["path"] not in self._runs]
         if new:
-            read = self.table.read_each(new, RUN_SCHEMA.names)
+            read = self.table.read_each(new, READ_COLUMNS)
             for path, rows in read.items():
                 self._runs[path] = _Run(rows)
         by_partition: dict[int, list[_Run]] = {}

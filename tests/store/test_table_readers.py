@@ -3,9 +3,11 @@
 Lineage of three chained queries goes into two shards; half of it is compacted into a generation before the
 rest arrives, so the edges table holds a generation's files and the shards' at once. Spark (Delta's own
 connector, ``format("delta")``) and DuckDB (its ``delta`` extension, ``delta_scan``) then read the tables:
-every edge once, an earlier version by time travel, and query/README.md's question "every output of one
-Kafka partition's offsets in a range" in the SQL that README shows, compared with a brute-force walk over the
-edges produced and with the CSProv backend's answers.
+every edge once, an earlier version by time travel, and query/README.md's two questions in the SQL that
+README shows: "every output of one Kafka partition's offsets in a range", compared with a brute-force walk over
+the edges produced and with the CSProv backend's answers; and "which batches read a version of a static
+table", over a batch log of appended records and merged runs with a batch run twice, compared with what the
+records say and with the batch log as headwater reads it (``BatchLog``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from headwater.deploy.tools import delta_spark_jars
 from headwater.indexer.compaction import compact
 from headwater.indexer.shard import Shard
 from headwater.query.parquet import CSProvBackend
+from headwater.store.batch_log import BatchLog, BatchLogWriter, batch_log_table
 from headwater.store.edges import LineageTables
 from tests.query.test_query_backends import pipeline
 
@@ -102,8 +105,14 @@ def test_spark_and_duckdb_read_the_tables_and_answer_the_readme_question(spark, 
     orders = _orders(messages)
     ranges = ((0, 5), (10, 40), (3, 4), (1000, 2000))
     params = [{"topic": f"{tag}-orders", "partition": 0, "first": first, "end": end} for first, end in ranges]
+    log_topic, truth_of_log = f"{tag}.log", batch_log_with_versions(tmp_path, f"{tag}.log")
+    log_uri = batch_log_table(tmp_path, log_topic).location.uri
+    con.sql(f"CREATE VIEW batch_log AS SELECT * FROM delta_scan('{log_uri}')")
+    log_sql = readme_sql("batches_reading_version")
+    log_params = [{"table": table, "version": version} for table, version in truth_of_log]
     on_spark = users_spark({"jars": delta_spark_jars(), "edges": edges_uri, "rows": rows_uri,
-                            "version": before_switch, "sql": sql, "params": params})
+                            "version": before_switch, "sql": sql, "params": params,
+                            "batch_log": log_uri, "log_sql": log_sql, "log_params": log_params})
     assert sorted(tuple(e) for e in on_spark["edges"]) == expected
     assert on_spark["count_at_version"] == at_switch
     backend = CSProvBackend(config)
@@ -115,6 +124,44 @@ def test_spark_and_duckdb_read_the_tables_and_answer_the_readme_question(spark, 
         assert set(spark_answer) == on_duckdb == by_backend == truth, (first, end)
         assert truth or first >= 1000  # the ranges within the topic reach outputs
     backend.close()
+
+    # Which batches read a version of a static table: the README's SQL on both engines, the batch log as
+    # headwater reads it, and what the records say.
+    log = BatchLog(tmp_path, log_topic)
+    for asked, spark_answer in zip(log_params, on_spark["log_answers"]):
+        truth = truth_of_log[(asked["table"], asked["version"])]
+        by_headwater = sorted([query, batch] for query in ("enrich", "totals") for batch in log.batches(query)
+                              if (log.batch(query, batch).get("tables") or {}).get(asked["table"]) == asked["version"])
+        on_duckdb = [list(r) for r in con.execute(re.sub(r":(\w+)", r"$\1", log_sql), asked).fetchall()]
+        assert spark_answer == on_duckdb == by_headwater == truth, asked
+    assert any(truth_of_log.values()) and not all(truth_of_log.values())  # versions read and one never read
+
+
+CUSTOMERS, SITES = "file:/data/customers.parquet", "file:/data/sites.parquet,file:/data/sites-eu.parquet"
+
+
+def batch_log_with_versions(store: Path, log_topic: str) -> dict[tuple[str, str], list[list]]:
+    """A batch log whose batches read versions of two static tables, as capture logs them: two queries, each
+    keyed to a log partition of its own, records appended and merged into runs (``run_records``: 4), and batch
+    ``totals``/5 run twice (a driver crash), the second run reading a newer version. Returns, for each
+    ``(table, version)`` asked, the ``[query, batch]`` whose latest run read it, sorted."""
+    writer = BatchLogWriter(store, log_topic, run_records=4)
+    latest: dict[tuple[str, int], dict] = {}
+    offsets = {0: 0, 1: 0}
+
+    def log(partition: int, query: str, batch: int, tables: dict) -> None:
+        writer.append_batch(partition, offsets[partition], query, batch, {"tables": tables, "status": "full"})
+        writer.append_batch(partition, offsets[partition] + 1, query, batch, {"rows": 10})  # progress: no tables
+        offsets[partition] += 2
+        latest[(query, batch)] = tables
+
+    for batch in range(12):
+        log(0, "enrich", batch, {CUSTOMERS: "c1" if batch < 7 else "c2"})
+        log(1, "totals", batch, {CUSTOMERS: "c1" if batch < 4 else "c2", SITES: "s1"})
+    log(1, "totals", 5, {CUSTOMERS: "c3", SITES: "s1"})  # batch 5 again, reading a newer version
+    asked = [(CUSTOMERS, "c1"), (CUSTOMERS, "c2"), (CUSTOMERS, "c3"), (SITES, "s1"), (SITES, "s0")]
+    return {(table, version): sorted([q, b] for (q, b), read in latest.items() if read.get(table) == version)
+            for table, version in asked}
 
 
 def _orders(messages) -> dict[int, tuple[str, int, int]]:
