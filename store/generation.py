@@ -34,7 +34,8 @@ import json
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -209,10 +210,10 @@ class Generation:
     def open(self) -> "Generation":
         """Read every footer a lookup needs (each bucket's edges and members, the rows and the exits) now, at
         once, so that no question pays for its bucket's first open: in object storage each is a round trip."""
-        opened = [lambda b=b: self._bucket(b) for b in range(self.buckets)]
+        opened: list[Callable[[], object]] = [partial(self._bucket, b) for b in range(self.buckets)]
         if self.manifest.get("members"):
-            opened += [lambda b=b: self._members(b) for b in range(self.buckets)]
-        opened += [self._rows_files, lambda: self.exits([])]
+            opened += [partial(self._members, b) for b in range(self.buckets)]
+        opened += [self._rows_files, partial(self.exits, [])]
         list(READERS.map(lambda open_one: open_one(), opened))
         return self
 
