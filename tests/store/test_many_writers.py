@@ -199,11 +199,13 @@ def test_replicas_on_three_hosts_write_one_s3_store_exactly_once_through_a_kill_
             time.sleep(1.0)
         time.sleep(2 * PAUSE_S)  # a write late to commit would land by now
     finally:
-        for thread in (streaming, compaction):
-            if thread.ident is not None:  # started
-                thread.join(timeout=600)
-        for replica in replicas.values():
-            replica.stop()
+        try:
+            for thread in (streaming, compaction):
+                if thread.ident is not None:  # started
+                    thread.join(timeout=600)
+        finally:
+            for replica in replicas.values():
+                replica.stop()
 
     assert compactions and compactions[0]["generation"] == 1, compactions
     in_store = stored_edges(config)
