@@ -89,7 +89,7 @@ class Shard:
 
     def open(self) -> "Shard":
         """Recover the store after a crash and rebuild the set index from its records."""
-        self.resume = self.store.recover()
+        self.resume = self.store.resume()
         self._compacted = self.store.compacted_stamp()
         self.index = self._restored()
         return self

@@ -65,7 +65,7 @@ RUN_SCHEMA = pa.schema([
 ])
 TABLE_SCHEMA = pa.schema(list(RUN_SCHEMA) + [pa.field("partition", pa.int64())])
 # What headwater reads: ``tables`` and ``tables_at`` are for SQL, and ``fields`` has them.
-READ_COLUMNS = [name for name in RUN_SCHEMA.names if not name.startswith("tables")]
+READ_COLUMNS = [name for name in RUN_SCHEMA.names if name not in ("tables", "tables_at")]
 RUN = "run"  # what a merged file's name starts with
 
 

@@ -18,7 +18,7 @@ holds the edges of messages ``first..last``: its rows go to the buckets of their
 (``B = dst_set mod buckets``), sorted by ``(dst_set, dst)`` so a set's edges are contiguous and row-group
 statistics skip the rest. The set index's records are committed first, then the edges, in a Delta commit
 whose application transaction (``txn``, app id ``<topic>/<store id>``) records ``last``: the table itself
-says where the shard resumes (``recover``), and a replay of a committed range commits nothing, even when a
+says where the shard resumes (``resume``), and a replay of a committed range commits nothing, even when a
 former owner of the partition writes it at the same time (``tables.Table.commit``). A commit is made only
 from the version its writer read (``after``): a writer whose view is behind (another committed ranges
 meanwhile, around a rebalance) commits nothing, removes the records it committed for the range, and raises
@@ -212,8 +212,7 @@ class EdgeStore:
         unknown = set(records or {}) - set(RECORDS)
         if unknown:
             raise ValueError(f"unknown record kind {sorted(unknown)}; known: {', '.join(RECORDS)}")
-        applied = self.tables.edges.applied(self.app_id)
-        applied = -1 if applied is None else applied
+        applied = self.resume() - 1
         if last <= applied:
             return 0  # already in the store (a replay after a crash)
         if first <= applied:
@@ -248,8 +247,8 @@ class EdgeStore:
                     table.commit(removed=[f.path for f in kept])
                 except FilesGone:  # a compaction took them meanwhile
                     pass
-            moved = self.tables.edges.applied(self.app_id)
-            if moved is None or moved < last:
+            moved = self.resume() - 1
+            if moved < last:
                 raise ShardMoved(f"{self.app_id}: another writer of the partition committed offsets to {moved} "
                                  f"while this one wrote {first}..{last}")
             return 0  # it holds the whole range
@@ -282,16 +281,12 @@ class EdgeStore:
         return commits
 
     def resume(self) -> int:
-        """The next offset the store does not hold (past every range this shard committed)."""
+        """The next offset the store does not hold (past every range this shard committed). Records of writes
+        whose edges never committed (a crash between the commits) stay where they are, unread (``records``),
+        until a compaction removes them (``orphan_records``): deleting them here could delete a former owner's
+        records of a range it is about to commit."""
         applied = self.tables.edges.applied(self.app_id)
         return 0 if applied is None else applied + 1
-
-    def recover(self) -> int:
-        """The offset to resume from. Records of ranges whose edges never committed (a crash between the
-        commits) are left where they are: ``records`` reads only committed ranges' records, and a compaction
-        removes them (``orphan_records``). Deleting them here could delete a former owner's records of a range
-        it is about to commit."""
-        return self.resume()
 
     def shard_files(self, sets=None) -> list[dict]:
         """This shard's committed edge files that no generation holds yet (of the buckets of ``sets`` only,

@@ -53,7 +53,7 @@ def test_a_replayed_range_is_not_written_twice(where):
     assert store.append(a, 10, 19) == 0
     assert EdgeStore(where, "edges", 0, buckets=4).append(a, 12, 19) == 0  # another writer of it: the table says
     assert store.read().num_rows == a.num_rows
-    assert store.recover() == 20
+    assert store.resume() == 20
 
 
 def test_two_writers_of_one_range_at_once_commit_it_once(where):
@@ -119,7 +119,7 @@ def test_a_write_cut_short_is_never_read_and_its_records_are_undone(where):
     assert as_set(store.read()) == as_set(first)  # readers never see the cut write's edges
     everything = store.tables.rows.read(store.tables.rows.files()["path"].to_pylist(), ["rid"])
     assert sorted(everything["rid"].to_pylist()) == [1, 2, 3]  # its records committed first, and are not read
-    assert store.recover() == 10
+    assert store.resume() == 10
     assert store.records("rows")["rid"].to_pylist() == [1, 2] and store.records("aliases") is None
     store.append(cut, 10, 19, records={"rows": pa.table({"rid": [3], "set": [3]})})
     assert as_set(store.read()) == as_set(first) | as_set(cut)
@@ -139,7 +139,7 @@ def test_a_set_aside_shard_starts_a_new_store_and_keeps_its_data(where):
     store.append(edges(6), 0, 9)
     assert LineageTables(where, "edges").set_aside(2) == "p2.e1"
     again = EdgeStore(where, "edges", 2)
-    assert again.identity() == "p2.e1" and again.recover() == 0 and again.read().num_rows == 0
+    assert again.identity() == "p2.e1" and again.resume() == 0 and again.read().num_rows == 0
     again.append(edges(7), 0, 4)
     assert as_set(EdgeStore(where, "edges", 2).read()) == as_set(edges(7))
     tables = LineageTables(where, "edges")
