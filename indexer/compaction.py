@@ -264,9 +264,12 @@ def compact(spark: SparkSession, store: "str | os.PathLike", topic: str, thresho
         "generation": [number], "buckets": [buckets], "manifest": [json.dumps(manifest)]}))])
     removed = [f["path"] for f in snapshot.shard_files + snapshot.generation_files]
     try:
-        tables.edges.commit(added, removed, metadata={"headwater.operation": f"compact generation {number}"})
+        switched = tables.switch(added, removed, number, f"compact generation {number}")
     except FilesGone as exc:
         raise CompactionBusy(f"another compaction of {topic} switched first: {exc}") from None
+    if not switched:
+        raise CompactionBusy(f"another compaction of {topic} switched first: generation {tables.generation()} "
+                             f"is current")
     metrics.COMPACTION_SECONDS.observe(manifest["seconds"])
     say(f"generation {number}: {manifest['edges']} edges, {manifest['sets']} sets, "
         f"{manifest['dependencies']} dependencies in {manifest['seconds']:.1f}s")

@@ -35,9 +35,8 @@ def components(src: np.ndarray, dst: np.ndarray, nodes: np.ndarray | None = None
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     parts = [src, dst] + ([np.asarray(nodes, dtype=np.int64)] if nodes is not None else [])
-    rids = np.unique(np.concatenate(parts)) if any(len(p) for p in parts) else np.empty(0, np.int64)
-    s = np.searchsorted(rids, src)
-    d = np.searchsorted(rids, dst)
+    rids, at = np.unique(np.concatenate(parts), return_inverse=True)  # at: each end's place among the rids
+    s, d = at[:len(src)], at[len(src):len(src) + len(dst)]
     parent = np.arange(len(rids))
     while True:
         ps, pd = parent[s], parent[d]

@@ -86,7 +86,7 @@ def migrate_edges(old: Path, new: "str | os.PathLike", topic: str, say: Callable
             "manifest": [json.dumps({**manifest, "generation": 1, "migrated_from": number, "took": []})]}))])
         added = [tables.edges.add_file(str(p), {"generation": 1, "bucket": int(p.parent.name.split("=", 1)[1])})
                  for p in sorted((gen / "edges").glob("bucket=*/*.parquet"))]
-        tables.edges.commit(added, metadata={"headwater.operation": f"migrate generation {number}"})
+        tables.switch(added, [], 1, f"migrate generation {number}")
         counts["generation_edges"] = sum(w.rows for w in added)
         say(f"{topic}: generation {number} ({counts['generation_edges']} edges) is generation 1")
     # By the old shard's store id: the offset below which the generation holds its ranges.

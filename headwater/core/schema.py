@@ -115,18 +115,29 @@ def decode_lineage(message: bytes) -> tuple[pa.Table, pa.Table]:
 
 
 def concat_lineage(parts: list[tuple[pa.Table, pa.Table]]) -> tuple[pa.Table, pa.Table]:
-    """Several payloads' ``(nodes, edges)`` as one: each rid once (as first described), each edge once."""
+    """Several payloads' ``(nodes, edges)`` as one: each rid once (as first described; then the rows are in
+    rid order), each edge once."""
     if not parts:
         return NODE_SCHEMA.empty_table(), EDGE_SCHEMA.empty_table()
     nodes = pa.concat_tables([n for n, _ in parts])
     edges = pa.concat_tables([e for _, e in parts])
     _, first = np.unique(nodes.column("rid").to_numpy(), return_index=True)
     if len(first) < nodes.num_rows:
-        nodes = nodes.take(pa.array(np.sort(first)))
-    unique = edges.group_by(EDGE_SCHEMA.names, use_threads=False).aggregate([])
-    if unique.num_rows < edges.num_rows:  # a batch published twice (a retry) repeats its edges
-        edges = unique.select(EDGE_SCHEMA.names).cast(EDGE_SCHEMA)
+        nodes = nodes.take(pa.array(first))
+    if _pairs_repeat(edges):  # a batch published twice (a retry) repeats its edges
+        unique = edges.group_by(EDGE_SCHEMA.names, use_threads=False).aggregate([])
+        if unique.num_rows < edges.num_rows:
+            edges = unique.select(EDGE_SCHEMA.names).cast(EDGE_SCHEMA)
     return nodes, edges
+
+
+def _pairs_repeat(edges: pa.Table) -> bool:
+    """Whether two edges join the same two rows: only then can an edge repeat (this check is a third of
+    grouping by every column, which it spares the usual write)."""
+    src, dst = edges.column("src").to_numpy(), edges.column("dst").to_numpy()
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    return bool(np.any((src[1:] == src[:-1]) & (dst[1:] == dst[:-1])))
 
 
 def encode_log(schema: str, **fields) -> bytes:

@@ -83,3 +83,8 @@ def test_payloads_concatenated_keep_each_row_and_edge_once():
     assert sorted(zip(got_edges["src"].to_pylist(), got_edges["dst"].to_pylist())) == [(1, 2), (1, 3)]
     assert got_edges.schema == EDGE_SCHEMA
     assert concat_lineage([])[1].num_rows == 0
+    # The same two rows joined by another batch's edge: a second edge, kept.
+    again = pa.Table.from_pylist([{**more_edges.to_pylist()[0], "batch": 5}], schema=EDGE_SCHEMA)
+    _, got_edges = concat_lineage([(nodes, edges), (more_nodes, more_edges), (more_nodes, again)])
+    assert sorted(zip(got_edges["src"].to_pylist(), got_edges["dst"].to_pylist(), got_edges["batch"].to_pylist())) \
+        == [(1, 2, 3), (1, 3, 4), (1, 3, 5)]
