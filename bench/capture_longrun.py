@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from capture_overhead import bench_stack  # noqa: E402
 
+from headwater.adapters.spark_lines import recent_progress
+
 SHAPES = ("keyed_update", "sliding_window", "global_complete", "stream_join")
 # The rest of the stateful operators' audit, run with ``--shapes``: rows a batch keep or drop by a
 # key seen before (state: keys), and a stateful black box keeping a running count per key.
@@ -133,7 +135,7 @@ def run(spark, config, workdir: Path, shape: str, traced: bool, args) -> list[di
             while len(progress) < args.batches:
                 if query.exception():
                     raise RuntimeError(f"{name} failed: {query.exception()}")
-                for p in query.recentProgress:
+                for p in recent_progress(query):
                     if p.numInputRows:
                         progress[p.batchId] = p
                 time.sleep(0.5)

@@ -40,6 +40,9 @@ batch size (``--size-rounds`` rounds, modes off, on and log; the same trigger in
 batches that take longer than it run back to back). Starts its own local stack (broker,
 graph) on free ports. The last line printed is one JSON object.
 
+On another Spark line, its venv runs it (``./dev line 3.5`` makes ``.venv-spark-3.5``):
+``.venv-spark-3.5/bin/python bench/capture_overhead.py``; ``spark`` in the JSON says which ran.
+
     .venv/bin/python bench/capture_overhead.py [--rows-per-batch 10000] [--offered 10000]
         [--warmup-batches 10] [--batches 10] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
 """
@@ -54,6 +57,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from headwater.adapters.spark_lines import last_progress, recent_progress
 
 SHAPES = ("demo", "window", "join")
 MODES = ("bare", "off", "on", "log")
@@ -190,9 +195,9 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
         def done() -> bool:
             # The last progress only while waiting: all of them, asked every 0.2 s, cost the driver's
             # Python more CPU as the run grows, beside the stream measured.
-            last = query.lastProgress
+            last = last_progress(query)
             return last is not None and last.batchId + 1 >= wanted \
-                and len([p for p in query.recentProgress if p.numInputRows]) >= wanted
+                and len([p for p in recent_progress(query) if p.numInputRows]) >= wanted
 
         try:
             while not done():
@@ -207,7 +212,7 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
     finally:
         if tracer is not None:
             tracer.close()
-    durations = [p.durationMs["triggerExecution"] for p in query.recentProgress if p.numInputRows]
+    durations = [p.durationMs["triggerExecution"] for p in recent_progress(query) if p.numInputRows]
     return durations[args.warmup_batches:wanted], durations[1:args.warmup_batches], elapsed, once
 
 
@@ -246,6 +251,7 @@ def main(argv=None) -> None:
         count = max([args.rows_per_batch, *sizes]) * (args.warmup_batches + args.batches)
         say(f"producing {count} orders to {TOPIC}")
         produce_orders(config, count, args.offered)
+        spark_version = spark.version
         for round_ in range(-1, args.rounds):  # round -1 warms up JIT, Python workers, caches
             for shape in SHAPES:
                 for mode in turn(MODES, round_):
@@ -297,6 +303,7 @@ def main(argv=None) -> None:
     bare_over_off = by_round("bare")
     result = {
         "bench": "capture_overhead",
+        "spark": spark_version,  # the line it ran on: each line's venv runs it (./dev line, .venv-spark-<minor>)
         "stream": "reference: demo shape, 5 s windowed aggregation, stream-stream join (format kafka)",
         "rows_per_batch": args.rows_per_batch,
         "offered_rows_per_s": args.offered,

@@ -40,6 +40,8 @@ from pyspark.sql.types import BooleanType
 sys.path.insert(0, str(Path(__file__).parent))
 from capture_overhead import SHAPES, bench_stack, reference_query  # noqa: E402
 
+from headwater.adapters.spark_lines import recent_progress
+
 VARIANTS = ("native", "foreachBatch", "arrow_udf", "log-only", "full")
 
 
@@ -68,13 +70,13 @@ def run_once(spark, tracers: dict, home: Path, shape: str, variant: str, tag: st
     query = (writer.outputMode(output_mode).option("checkpointLocation", str(home / f"cp-{tag}"))
              .trigger(processingTime="1 second").start())
     try:
-        while len([p for p in query.recentProgress if p.numInputRows]) < batches:
+        while len([p for p in recent_progress(query) if p.numInputRows]) < batches:
             if query.exception():
                 raise RuntimeError(f"{variant} failed: {query.exception()}")
             time.sleep(0.2)
     finally:
         query.stop()
-    return [p.durationMs for p in query.recentProgress if p.numInputRows][1:batches]
+    return [p.durationMs for p in recent_progress(query) if p.numInputRows][1:batches]
 
 
 def main(argv=None) -> None:

@@ -16,6 +16,7 @@ _EXPORTS = {
     "Traced": "tracer",
     "SinkError": "sinks",
     "UnsupportedPlanError": "rewrite",
+    "UnsupportedSpark": "headwater.adapters.spark_lines",
 }
 
 __all__ = list(_EXPORTS)
@@ -24,7 +25,8 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    module = _EXPORTS[name]
+    value = getattr(import_module(module if module.startswith("headwater.") else f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
 

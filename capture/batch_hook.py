@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Sequence
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 from pyspark.sql.types import ArrayType, MapType, StructType
 
 from headwater.core import rid as rids
@@ -126,7 +125,7 @@ class BatchHook:
         if not self.streamed:
             return self.frame
         journal = None if self.log_only else self.outputs._jc
-        return ClassicDataFrame(self.jvm.streamingSinkRows(self.frame._jdf, journal), self.frame.sparkSession)
+        return DataFrame(self.jvm.streamingSinkRows(self.frame._jdf, journal), self.frame.sparkSession)
 
     def streaming_frame(self, df: DataFrame) -> DataFrame:
         """The traced rows as the hook gets them: the user's columns by position, plus ``_hw_row``.
@@ -154,11 +153,11 @@ class BatchHook:
         The batch is hashed as text: Spark's generated code holds a string literal by reference but
         writes a number into the code, so a numeric batch id made every batch compile its stages
         anew (two Janino compilations, 12-30 ms each, a batch of the demo shape)."""
-        return ClassicDataFrame(self.jvm.withRid(rows._jdf, str(batch_id)), rows.sparkSession)
+        return DataFrame(self.jvm.withRid(rows._jdf, str(batch_id)), rows.sparkSession)
 
     def sink_rows(self, rows: DataFrame) -> DataFrame:
         """What the sink gets of ``rows`` (``with_rid``'s): the user's columns and ``_hw_rid``."""
-        return ClassicDataFrame(self.jvm.sinkRows(rows._jdf, None), rows.sparkSession)
+        return DataFrame(self.jvm.sinkRows(rows._jdf, None), rows.sparkSession)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         try:

@@ -1,14 +1,18 @@
-"""capture's JVM part: the journal filter of the hot path (``java/headwater/capture/Journal.java``), the
+"""capture's JVM part: the journal filter of the hot path (``java/common/headwater/capture/Journal.java``), the
 JVM half of the per-batch hook (``Hook.java``) and the listeners (``JobTimes.java``, ``Progress.java``).
 
 Lineage is journaled from the JVM because any Python UDF in a Spark task costs a fixed 50-100 ms a
 batch here (a Python worker handed the task, Arrow both ways, the rows held in the JVM meanwhile),
 more than the whole overhead budget of a 10,000-row batch (capture/README.md, "The hot path").
 
-The jar is built from ``java/`` against the pinned pyspark's jars and shipped in the package
-(``headwater-capture.jar``), so neither users nor tests need a JDK; it carries the digest of the
-sources it was built from, and ``tests/capture/test_journal.py`` fails when they differ. Rebuild after
-changing them (javac 17 or newer):
+One jar per Spark line's Scala version (``headwater.adapters.spark_lines``): ``headwater-capture-spark-3.5.jar``
+(Spark 3.5, Scala 2.12) and ``headwater-capture-spark-4.jar`` (Spark 4, Scala 2.13), each compiled from the
+common sources (``java/common``) and its line's ``SparkLine`` class (``java/spark-<jar>``, what differs) against
+its line's jars: the installed pyspark's, or those of the line's tested release from Maven Central (the tools
+cache's ``spark-<minor>``). The wheel ships them all, so neither users nor tests need a JDK, and ``Journals``
+adds the one of the session's running Spark. Each records the digest of the sources it was built from, and
+``tests/capture/test_journal.py`` fails when they differ. Rebuild them all after changing the sources (javac 17
+or newer):
 
     .venv/bin/python -m headwater.capture.jar
 
@@ -24,7 +28,6 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, replace
@@ -33,11 +36,13 @@ from pathlib import Path
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from headwater.adapters import spark_lines
+from headwater.adapters.spark_lines import SparkLine
+
 from .journal import PROPERTY, Publisher
 from .spark_plan import session_gateway
 
 HERE = Path(__file__).parent
-JAR = HERE / "headwater-capture.jar"
 SOURCES = HERE / "java"
 DIGEST = "headwater/capture/source.sha256"  # inside the jar
 CLASS = "headwater.capture.Journal"
@@ -48,15 +53,26 @@ DRAIN_IDLE_S = 60.0  # an executor's drain process exits after this long with no
 COUNTS = ("rows", "edges", "spilled_edges", "dropped_edges", "bytes", "nanos", "failed")  # Journal's accumulators
 
 
-def source_digest(root: Path = SOURCES) -> str:
-    """The digest of the Java sources, as the jar records it."""
+def jar_path(line: SparkLine) -> Path:
+    """The capture jar that serves ``line``."""
+    return HERE / f"headwater-capture-spark-{line.jar}.jar"
+
+
+def source_roots(line: SparkLine) -> list[Path]:
+    """The folders of the Java sources of ``line``'s jar: the common ones and the line's own."""
+    return [SOURCES / "common", SOURCES / f"spark-{line.jar}"]
+
+
+def source_digest(line: SparkLine) -> str:
+    """The digest of the Java sources of ``line``'s jar, as the jar records it."""
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.java")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    for root in source_roots(line):
+        for path in sorted(root.rglob("*.java")):
+            digest.update(path.relative_to(SOURCES).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
-def built_digest(jar: Path = JAR) -> str | None:
+def built_digest(jar: Path) -> str | None:
     """The digest of the sources ``jar`` was built from; None if it records none."""
     try:
         with zipfile.ZipFile(jar) as archive:
@@ -65,24 +81,33 @@ def built_digest(jar: Path = JAR) -> str | None:
         return None
 
 
-def build(out: Path = JAR) -> Path:
-    """Compile ``java/`` with javac against pyspark's jars into ``out``."""
-    import pyspark
+def spark_jars(line: SparkLine) -> Path:
+    """The folder of Spark's jars of ``line``: the installed pyspark's if it is of that line, else those of the
+    line's tested release from Maven Central (``headwater.deploy.tools.spark_jars``)."""
+    from headwater.deploy import tools
 
+    if spark_lines.installed() == line:
+        return tools.pyspark_jars()
+    return tools.spark_jars(line)
+
+
+def build(line: SparkLine, out: Path | None = None) -> Path:
+    """Compile ``line``'s sources with javac against its Spark's jars into ``out`` (its ``jar_path``)."""
+    out = out or jar_path(line)
     javac = shutil.which("javac")
     if javac is None:
         raise RuntimeError("building headwater's capture jar needs javac (a JDK 17 or newer)")
-    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
+    classpath = str(spark_jars(line) / "*")
     with tempfile.TemporaryDirectory() as tmp:
         classes = Path(tmp)
-        sources = [str(p) for p in sorted(SOURCES.rglob("*.java"))]
+        sources = [str(p) for root in source_roots(line) for p in sorted(root.rglob("*.java"))]
         subprocess.run([javac, "--release", "17", "-Xlint:all,-path", "-Werror", "-cp", classpath,
                         "-d", str(classes), *sources], check=True)
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
             archive.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\nCreated-By: headwater\r\n\r\n")
             for path in sorted(classes.rglob("*.class")):
                 archive.write(path, path.relative_to(classes).as_posix())
-            archive.writestr(DIGEST, source_digest() + "\n")
+            archive.writestr(DIGEST, source_digest(line) + "\n")
     return out
 
 
@@ -125,8 +150,10 @@ class Journals:
 
     def __init__(self, spark: SparkSession, folder: str, max_bytes: int, drain: str = "", destination: str = "",
                  writer: str = ""):
-        if built_digest() != source_digest():
-            raise RuntimeError(f"{JAR} was not built from the Java sources beside it: rebuild it with "
+        line = spark_lines.running(spark)
+        jar = jar_path(line)
+        if built_digest(jar) != source_digest(line):
+            raise RuntimeError(f"{jar} was not built from the Java sources beside it: rebuild it with "
                                f"`python -m headwater.capture.jar`")
         self.spark = spark
         self.folder = folder
@@ -135,8 +162,8 @@ class Journals:
         self.destination = destination
         self.writer = writer
         loader = spark._jsparkSession.sharedState().jarClassLoader()
-        if str(JAR) not in {url.getPath() for url in loader.getURLs()}:  # once per session: Spark warns after
-            spark.sql(f"ADD JAR '{JAR}'")
+        if str(jar) not in {url.getPath() for url in loader.getURLs()}:  # once per session: Spark warns after
+            spark.sql(f"ADD JAR '{jar}'")
         self._loader = loader
         self._class = loader.loadClass(CLASS)
 
@@ -181,8 +208,6 @@ class Journals:
         """``publisher``'s journal filter over ``columns`` of ``frame`` (its fields, in order): a condition
         true for every row. ``frame`` only gives the fields' types; the column applies to any frame
         with those columns."""
-        from pyspark.sql.classic.column import Column as ClassicColumn
-
         gateway = session_gateway(self.spark)
         jvm = gateway.jvm
         struct = F.struct(*[c.alias(name) for c, name in zip(columns, publisher.fields)])
@@ -206,8 +231,9 @@ class Journals:
         for i, a in enumerate([struct._jc, schema, *args]):
             values[i] = a
         method = self._class.getMethod("column", self._classes([column_class, *types]))
-        return ClassicColumn(method.invoke(None, values))
+        return Column(method.invoke(None, values))
 
 
 if __name__ == "__main__":
-    print(build(Path(sys.argv[1]) if len(sys.argv) > 1 else JAR))
+    for built in {line.jar: line for line in spark_lines.LINES}.values():
+        print(build(built))

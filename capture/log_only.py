@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 
 from pyspark.sql import DataFrame
-from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
 
 from headwater.core.schema import LOG_BATCH
 
@@ -39,7 +38,7 @@ def spark_writes(log_only: bool, spec: SinkSpec, sink, output_mode: str, black_b
 def sink_frame(hook) -> DataFrame:
     """The streaming frame Spark's writer writes: the user's columns and ``_hw_rid`` (unless left out)."""
     frame = hook.frame
-    return ClassicDataFrame(hook.jvm.streamingSinkRows(frame._jdf), frame.sparkSession)
+    return DataFrame(hook.jvm.streamingSinkRows(frame._jdf), frame.sparkSession)
 
 
 def writer(hook, spec: SinkSpec, output_mode: str):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from py4j.java_collections import ListConverter
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from headwater.adapters import spark_lines
 from headwater.core.plan import PlanNode, RawAttr, RawNode, build
 
 if TYPE_CHECKING:
@@ -44,10 +45,10 @@ class Jvm:
         self.spark = spark
         self.jvm = session_jvm(spark)
         self._client = session_gateway(spark)._gateway_client
+        self.line = spark_lines.running(spark)
 
     def seq(self, items: list):
-        java_list = ListConverter().convert(items, self._client)
-        return self.jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list).toList()
+        return self.line.scala_seq(self.jvm, ListConverter().convert(items, self._client))
 
     @staticmethod
     def items(scala_seq) -> list:
@@ -64,12 +65,11 @@ class Jvm:
         return found
 
     def dataframe(self, plan) -> DataFrame:
-        jss = self.spark._jsparkSession
-        return DataFrame(self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(jss, plan), self.spark)
+        return DataFrame(self.line.dataset_of(self.jvm, self.spark._jsparkSession, plan), self.spark)
 
     def column(self, expression) -> Column:
         """A Catalyst expression as a PySpark Column."""
-        return Column(self.jvm.org.apache.spark.sql.classic.ExpressionUtils.column(expression))
+        return Column(self.line.column_of(self.jvm, expression))
 
     def project(self, named_expressions: list, child):
         return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Project(self.seq(named_expressions), child)
@@ -77,8 +77,7 @@ class Jvm:
     def aggregate(self, original, aggregate_expressions: list, child, grouping: list | None = None):
         """An Aggregate like ``original`` (its grouping, unless given, and hint) over ``child``."""
         groups = original.groupingExpressions() if grouping is None else self.seq(grouping)
-        return self.jvm.org.apache.spark.sql.catalyst.plans.logical.Aggregate(
-            groups, self.seq(aggregate_expressions), child, original.hint())
+        return self.line.aggregate(self.jvm, original, groups, self.seq(aggregate_expressions), child)
 
     def equi_join_keys(self, join) -> tuple[list, list, JavaObject | None] | None:
         """(left keys, right keys, other condition or None) of an equi-join, else None."""

@@ -20,6 +20,7 @@ from wsgiref.simple_server import WSGIServer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from headwater.adapters import spark_lines
 from headwater.adapters.kafka import ensure_topics
 from headwater.core import config as configuration
 from headwater.core.config import Config
@@ -45,10 +46,12 @@ def attach(spark: SparkSession, config: Config | None = None, **settings) -> "Tr
     """Prepare ``spark`` for tracing: the edges and log topics exist.
 
     Streams read Kafka through Spark's own connector (``format("kafka")``, on the session's classpath as
-    the user's job has it: ``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<Spark's version>``).
+    the user's job has it: ``--packages org.apache.spark:spark-sql-kafka-0-10_<Scala>:<Spark's version>``).
 
-    ``settings`` override fields of ``Config`` (e.g. ``bootstrap="127.0.0.1:9092"``).
+    ``settings`` override fields of ``Config`` (e.g. ``bootstrap="127.0.0.1:9092"``). A Spark headwater does
+    not support is refused (``UnsupportedSpark``, naming the supported lines) before anything is done.
     """
+    spark_lines.running(spark)
     config = (config or configuration.load()).with_overrides(**settings)
     ensure_topics(config, [config.edges_topic, config.log_topic])
     _check_executor_password(spark, config)

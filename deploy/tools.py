@@ -11,10 +11,13 @@
   prometheus-operator's CRD schemas (``@kubernetes-models/prometheus-operator``), run by node;
 - ``kafka``: Apache Kafka's broker (``kafka_2.13``, KRaft) with its tools (``kafka-tools``: ``kafka-configs``, ACLs)
   and a log4j binding, from Maven Central: a folder of jars, the classpath of ``headwater.deploy.kafka_server``;
-- ``spark-kafka``: Spark's own Kafka connector (``spark-sql-kafka-0-10_2.13``) of the installed pyspark's
-  version with what it needs that pyspark does not ship (``kafka-clients``, ``commons-pool2``,
+- ``spark-kafka``: Spark's own Kafka connector (``spark-sql-kafka-0-10`` of its Scala version) of the installed
+  pyspark's version with what it needs that pyspark does not ship (``kafka-clients``, ``commons-pool2``,
   ``spark-token-provider-kafka-0-10``), from Maven Central: the jars a session reads ``format("kafka")`` with
   (``spark_kafka_jars``);
+- ``spark-<minor>`` (``spark_jars(line)``): the jars of a Spark line's tested release (``spark-sql`` of its Scala
+  version with its dependencies), from Maven Central: what capture's jar of a line other than the installed
+  pyspark's is compiled against (``python -m headwater.capture.jar``);
 - ``delta-spark``: Delta Lake's Spark connector (``io.delta:delta-spark_2.13``, with ``delta-storage``) for the
   installed pyspark's line, from Maven Central, only its own jars (the rest pyspark ships): what a session reads
   the lineage tables with, ``format("delta")`` (``delta_spark_jars``), as a user's Spark would;
@@ -61,7 +64,6 @@ KAFKA = (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", f"org.apache.kafka:kafk
 # Neo4j 5 Community: the 5.26 long-term-support line, which runs on Java 17 (Neo4j 2025.x needs Java 21).
 NEO4J_VERSION = "5.26.30"
 NEO4J = (f"org.neo4j:neo4j:{NEO4J_VERSION}",)
-SPARK_KAFKA = "org.apache.spark:spark-sql-kafka-0-10_2.13"  # of pyspark's version: a connector of another fails
 # Delta's connector built against Spark 4.2 (4.0.x and 4.4.0's delta-spark_4.0 fail to load on it; 2026-12-05).
 DELTA_SPARK = ("io.delta:delta-spark_2.13:4.4.0",)
 
@@ -154,7 +156,10 @@ def neo4j() -> Path:
 
 def spark_kafka() -> Path:
     """The folder of Spark's Kafka connector for the installed pyspark, without the jars pyspark ships."""
-    coordinate = f"{SPARK_KAFKA}:{pyspark_version()}"
+    from headwater.adapters.spark_lines import installed
+
+    # of pyspark's own version: a connector of another fails
+    coordinate = f"org.apache.spark:spark-sql-kafka-0-10_{installed().scala}:{pyspark_version()}"
 
     def fetch(into: Path) -> None:
         _maven((coordinate,))(into)  # Maven serves no connector for some Spark releases: ToolUnavailable names it
@@ -164,6 +169,12 @@ def spark_kafka() -> Path:
                 jar.unlink()
 
     return cached(_maven_folder((coordinate,)), fetch)
+
+
+def spark_jars(line) -> Path:
+    """The folder of the jars of ``line``'s (a ``spark_lines.SparkLine``) tested Spark release."""
+    coordinates = (f"org.apache.spark:spark-sql_{line.scala}:{line.tested}",)
+    return cached(_maven_folder(coordinates), _maven(coordinates))
 
 
 def delta_spark() -> Path:

@@ -747,12 +747,18 @@ def serve(ctx: click.Context, host: str, port: int, backend: str, token_file: Pa
 @click.option("--orders", type=int, default=1000, show_default=True)
 @click.option("--keep-stack/--stop-stack", default=True, show_default=True,
               help="Leave the stack running afterwards for your own queries.")
+@click.option("--topic", default=None, help="The Kafka topic of the orders, one that does not exist yet "
+              "(default: orders-<time>). A Kafka record's rid hashes its topic: two runs into topics of the same "
+              "name answer with the same rids.")
 @click.pass_context
-def demo(ctx: click.Context, orders: int, keep_stack: bool) -> None:
+def demo(ctx: click.Context, orders: int, keep_stack: bool, topic: str | None) -> None:
     """Run the demo end to end on the embedded local stack and print a lineage answer."""
     from headwater.demo.run import run
 
-    run(_home(ctx), orders=orders, keep_stack=keep_stack, say=lambda s: click.echo(s))
+    try:
+        run(_home(ctx), orders=orders, keep_stack=keep_stack, say=lambda s: click.echo(s), topic=topic)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 if __name__ == "__main__":

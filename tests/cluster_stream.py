@@ -16,6 +16,7 @@ import sys
 from pyspark.sql import functions as F
 
 from headwater.adapters.spark import spark_session
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture import attach
 
 
@@ -32,7 +33,7 @@ def main(name: str, folder: str, sink: str, checkpoint: str, executor_folder: st
                  .option("checkpointLocation", checkpoint).start(sink))
         query.awaitTermination(300)
         assert query.exception() is None, query.exception()
-        ran = sum(1 for p in query.recentProgress if p.numInputRows)
+        ran = sum(1 for p in recent_progress(query) if p.numInputRows)
         assert ran == files, f"{ran} batches ran, {files} expected"
     finally:
         tracer.close()

@@ -209,9 +209,15 @@ class Repartition:
 
 @dataclass
 class Reshuffle:
-    """Operators that keep every row as it is: a range repartition, a coalesce, an observation, an index."""
+    """Operators that keep every row as it is: a range repartition, a coalesce, an observation, an index
+    (``zipWithIndex``, Spark 4's: left out of a pipeline on Spark 3.5, where the rows are the same without it)."""
 
     kind: str  # range | coalesce | observe | index
+    transparent = True
+
+    @property
+    def since(self) -> str:
+        return "4.2" if self.kind == "index" else "3.5"
 
     def spark(self, df, env):
         if self.kind == "range":
@@ -264,6 +270,10 @@ class Generator:
     ``spark.tvf.explode`` of ``tags``."""
 
     kind: str  # inline | inline_outer | stack | json_tuple | lateral
+
+    @property
+    def since(self) -> str:
+        return "4.0" if self.kind == "lateral" else "3.5"  # DataFrame.lateralJoin is Spark 4's
 
     def spark(self, df, env):
         structs = F.transform("tags", lambda t: F.struct(t.alias("a"), (t * 2).alias("b")))
@@ -427,16 +437,37 @@ PIPELINES = {
 }
 
 
+def _steps(name: str) -> list | None:
+    """The steps of pipeline ``name`` on the installed Spark's line: those of an operator it has (a step's
+    ``since``, else any line), and those it lacks that keep every row as it is (``transparent``) left out;
+    None if it lacks another."""
+    from headwater.adapters import spark_lines
+
+    line = spark_lines.installed()
+    steps = []
+    for step in PIPELINES[name]:
+        if line.has(getattr(step, "since", "3.5")):
+            steps.append(step)
+        elif not getattr(step, "transparent", False):
+            return None
+    return steps
+
+
+def pipelines_here() -> list[str]:
+    """The pipelines the installed Spark's line can run, by name (all of them on the default line)."""
+    return sorted(name for name in PIPELINES if _steps(name) is not None)
+
+
 def spark_pipeline(name: str, source: DataFrame, env) -> DataFrame:
     df = source.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e")).select("e.*")
-    for step in PIPELINES[name]:
+    for step in _steps(name) or []:
         df = step.spark(df, env)
     return df
 
 
 def oracle(name: str, topic: str, values: list[bytes], coordinates: list[tuple[int, int]], env) -> list[Row]:
     rows = [(parse(value), frozenset({("kafka", topic, p, o)})) for value, (p, o) in zip(values, coordinates)]
-    for step in PIPELINES[name]:
+    for step in _steps(name) or []:
         rows = step.run(rows, env)
     return rows
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from headwater.adapters.spark import spark_session
+from headwater.adapters.spark_lines import last_progress
 from headwater.capture import attach
 
 
@@ -42,7 +43,7 @@ def main(source: str, work: str, tries: int) -> None:
             else:
                 query = writer.format("parquet").start(str(Path(work) / f"sink{number}"))
             deadline = time.monotonic() + 120
-            while not (query.status["isTriggerActive"] and query.lastProgress is not None) \
+            while not (query.status["isTriggerActive"] and last_progress(query) is not None) \
                     and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(0.3 if number % 2 == 0 else 0.05 * (number % 5))

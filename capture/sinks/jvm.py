@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from py4j.protocol import Py4JError
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
@@ -38,7 +39,12 @@ def java_schema(spark: SparkSession, schema: StructType) -> JavaObject:
 
 
 def is_instance(jvm, class_name: str, value) -> bool:
-    return bool(jvm.java.lang.Class.forName(class_name).isInstance(value))
+    """Whether ``value`` is of the JVM class ``class_name``; false where the JVM has no such class (a Spark
+    line without it)."""
+    try:
+        return bool(jvm.java.lang.Class.forName(class_name).isInstance(value))
+    except Py4JError:
+        return False
 
 
 def message(exc: Exception) -> str:

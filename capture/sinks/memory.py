@@ -5,6 +5,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from headwater.adapters import spark_lines
+
 from ..spark_plan import session_jvm
 from .base import MEMORY, Sink, SinkError, option, register_sink
 from .jvm import java_schema
@@ -37,7 +39,7 @@ class MemorySink(Sink):
         attributes = jvm.org.apache.spark.sql.catalyst.types.DataTypeUtils.toAttributes(
             java_schema(self._spark, self._schema))
         plan = jvm.org.apache.spark.sql.execution.streaming.sources.MemoryPlan(self._jsink, attributes)
-        jvm.org.apache.spark.sql.classic.Dataset.ofRows(self._spark._jsparkSession, plan) \
+        spark_lines.running(self._spark).dataset_of(jvm, self._spark._jsparkSession, plan) \
             .createOrReplaceTempView(query_name)
 
     def latest_batch(self) -> int:

@@ -18,6 +18,7 @@ from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from headwater.adapters import spark_lines
 from headwater.core.sink_log import batch_files
 
 from ..spark_plan import Jvm, session_jvm
@@ -27,7 +28,7 @@ from .jvm import case_insensitive, is_instance, java_schema, message, scala_map
 from .jvm import output_mode as java_output_mode
 from .streaming_write import AS_THE_CONNECTOR, StreamingWriteSink
 
-FILE_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
+FILE_SINK = "FileStreamSink"  # in its line's package (spark_lines.SparkLine.streaming_sinks)
 
 
 class SparkSink(Sink):
@@ -55,7 +56,7 @@ class FileSink(SparkSink):
         jvm = self._jvm = session_jvm(spark)
         root = jvm.org.apache.hadoop.fs.Path(path)
         self._fs = root.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
-        sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
+        sinks = getattr(jvm, spark_lines.running(spark).streaming_sinks)
         self._log_path = sinks.FileStreamSink.getMetadataLogPath(self._fs, root,
                                                                  spark._jsparkSession.sessionState().conf())
         # A reader of the sink's log, opened as Spark's readers open it.
@@ -103,22 +104,19 @@ def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: li
     kafka = source.lower() == kafka_sink.KAFKA
     given = kafka_sink.connector_options(options) if kafka else options
     table = _streaming_table(spark, cls, source, given, schema)
+    line = spark_lines.running(spark)
     if table is not None:
-        relation = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation.create(
-            table, jvm.scala.Option.empty(), jvm.scala.Option.empty(), case_insensitive(jvm, given),
-            jvm.scala.Option.empty())
+        none = jvm.scala.Option.empty()
+        relation = line.v2_relation(jvm, table, none, none, case_insensitive(jvm, given))
         if kafka:
             return kafka_sink.KafkaSink(spark, relation, options, output_mode, kafka_sink.rid_place(options))
         return StreamingWriteSink(spark, relation, options, output_mode)
     scala = Jvm(spark)
-    clustering = datasources.DataSourceUtils.CLUSTERING_COLUMNS_KEY()
-    options = {k: v for k, v in options.items() if k != clustering}  # as DataStreamWriter.createV1Sink
-    if cluster_by:
+    if cluster_by:  # DataStreamWriter.clusterBy is Spark 4's
+        clustering = datasources.DataSourceUtils.CLUSTERING_COLUMNS_KEY()
+        options = {k: v for k, v in options.items() if k != clustering}  # as DataStreamWriter.createV1Sink
         options[clustering] = datasources.DataSourceUtils.encodePartitioningColumns(scala.seq(cluster_by))
-    factory = getattr(datasources, "DataSource$").__getattr__("MODULE$")
-    none = jvm.scala.Option.empty()
-    data_source = factory.apply(jspark, source, scala.seq([]), none, scala.seq(partition_by or []), none,
-                                scala_map(jvm, options), none, none)
+    data_source = line.data_source(jvm, jspark, source, scala.seq(partition_by or []), scala_map(jvm, options))
     file_format = jvm.java.lang.Class.forName("org.apache.spark.sql.execution.datasources.FileFormat")
     if file_format.isAssignableFrom(data_source.providingClass()):
         # Spark takes only appends into files. Traced, an update or complete query's emissions
@@ -130,7 +128,7 @@ def spark_sink(spark: SparkSession, source: str, options: dict, partition_by: li
             else data_source.createSink(mode)
     except Exception as exc:
         raise SinkError(f"the traced query cannot write to {source!r}: {message(exc)}") from exc
-    if jsink.getClass().getName() == FILE_SINK:
+    if jsink.getClass().getName() == f"{line.streaming_sinks}.{FILE_SINK}":
         path = option(options, "path")
         if path is None:  # Spark's createSink refuses a file sink of no path before this
             raise SinkError(f"a {source!r} sink needs a path: .option('path', …) or .start(path)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
+from headwater.adapters import spark_lines
+
 from ..jvm_listener import QUERY_ID_PROPERTY
 from ..spark_plan import session_jvm
 from .base import Sink, SinkError
@@ -31,8 +33,8 @@ class StreamingWriteSink(Sink):
         query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:  # a connector may key its commits on it: never write without it
             raise SinkError(f"batch {batch_id}: no streaming query id on the thread writing it ({QUERY_ID_PROPERTY})")
-        plan = jvm.org.apache.spark.sql.execution.streaming.sources.WriteToMicroBatchDataSource(
-            self._relation, df._jdf.queryExecution().analyzed(), query_id, self._options, self._mode,
-            jvm.scala.Option.empty()).withNewBatchId(batch_id)
+        line = spark_lines.running(self._spark)
+        plan = line.write_to_micro_batch(jvm, self._relation, df._jdf.queryExecution().analyzed(), query_id,
+                                         self._options, self._mode).withNewBatchId(batch_id)
         # In the batch's own session, as Spark's micro-batch engine runs it (its settings, not the tracer's).
-        jvm.org.apache.spark.sql.classic.Dataset.ofRows(df._jdf.sparkSession(), plan).collect()
+        line.dataset_of(jvm, df._jdf.sparkSession(), plan).collect()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from headwater.adapters import spark_lines
+
 from ..spark_plan import Jvm, session_jvm
 from .base import Sink, SinkError, SinkSpec, option
 from .jvm import case_insensitive, is_instance, java_schema, message
@@ -39,9 +41,8 @@ def table_sink(spark: SparkSession, spec: SinkSpec, schema: StructType, output_m
         _create(spark, parts, spec, schema)
     table = catalog.loadTable(ident)
     if supports_streaming_write(jvm, table):
-        relation = jvm.org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation.create(
-            table, jvm.scala.Some(catalog), jvm.scala.Some(ident), case_insensitive(jvm, spec.options),
-            jvm.scala.Option.empty())
+        relation = spark_lines.running(spark).v2_relation(jvm, table, jvm.scala.Some(catalog), jvm.scala.Some(ident),
+                                                          case_insensitive(jvm, spec.options))
         return StreamingWriteSink(spark, relation, spec.options, output_mode)
     if not any(is_instance(jvm, kind, table) for kind in V1_TABLES):
         raise SinkError(f"toTable({name!r}): the table ({table.getClass().getName()}) cannot be written by a "

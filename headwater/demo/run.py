@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from headwater.adapters.spark import spark_session
+from headwater.adapters.spark_lines import last_progress, recent_progress
 from headwater.core.config import Config
 from headwater.core.offsets import Offsets, reached
 
@@ -61,7 +62,7 @@ def run_until(query, until: Offsets, say: Callable[[str], None], timeout_s: floa
     while True:
         if query.exception():
             raise RuntimeError(f"the stream failed: {query.exception()}")
-        progress = query.lastProgress
+        progress = last_progress(query)
         if progress is not None and progress.batchId != seen and progress.numInputRows:
             seen = progress.batchId
             say(f"  batch {seen}: {progress.numInputRows} events in, {progress.durationMs.get('triggerExecution')} ms")
@@ -110,7 +111,10 @@ def run_pipeline(spark, config: Config, workdir: Path, topic: str, until: Offset
     return sink, query
 
 
-def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[str], None] = print) -> DemoResult:
+def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[str], None] = print,
+        topic: str | None = None) -> DemoResult:
+    """The demo on the local stack of ``home``: ``orders`` orders into ``topic`` (default: a new topic named by the
+    time; a named one must not exist yet), the traced pipeline, the index, one row's lineage."""
     from headwater.deploy.stack import Stack
     from headwater.indexer.service import Indexer
     from headwater.query.api import LineageClient
@@ -129,10 +133,12 @@ def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[
     config = stack.config()
     workdir = home / "demo"
     workdir.mkdir(parents=True, exist_ok=True)
-    topic = f"orders-{time.strftime('%Y%m%d%H%M%S')}"
+    topic = topic or f"orders-{time.strftime('%Y%m%d%H%M%S')}"
     try:
-        from headwater.adapters.kafka import ensure_topics
+        from headwater.adapters.kafka import ensure_topics, list_topics
 
+        if topic in list_topics(config):
+            raise ValueError(f"the demo's topic {topic} exists already: name a new one")
         ensure_topics(config, [topic], 2)
         events = data.order_events(orders, malformed_every=97)
         coordinates = data.produce(config.bootstrap, topic, events)
@@ -142,7 +148,7 @@ def run(home: Path, orders: int = 1000, keep_stack: bool = True, say: Callable[[
         step("starting Spark (local[2]) and the traced pipeline")
         spark = spark_session("headwater-demo")
         sink, query = run_pipeline(spark, config, workdir, topic, end_offsets(topic, coordinates), say=step)
-        batches = sum(1 for p in query.recentProgress if p.numInputRows)
+        batches = sum(1 for p in recent_progress(query) if p.numInputRows)
         output = spark.read.parquet(sink)
         output_rows = output.count()
         first = output.orderBy("order_id").first()

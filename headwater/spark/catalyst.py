@@ -49,6 +49,7 @@ KINDS = {
         "FlatMapGroupsWithState", "MapInPandas", "MapInArrow", "FlatMapGroupsInPandas", "FlatMapGroupsInArrow",
         "FlatMapGroupsInPandasWithState", "FlatMapCoGroupsInPandas", "FlatMapCoGroupsInArrow", "MapPartitions",
         "TransformWithState", "TransformWithStateInPandas", "TransformWithStateInPySpark",
+        "PythonMapInArrow",  # Spark 3.5's name of MapInArrow
     }),
 }
 _KIND_OF = {cls: kind for kind, classes in KINDS.items() for cls in classes}

@@ -1,8 +1,9 @@
 """Re-running a black box's function on its batch's input, and on parts of it: which input rows each output row
 comes from, decided by execution (runs in the narrowing worker, ``worker.py``; pure pandas and pyarrow).
 
-The function is called as PySpark's worker calls it (``pyspark.sql.conversion``: the same Arrow-to-pandas
-and pandas-to-Arrow conversions, so its output rows hash as Spark's did), and each output row is named by
+The function is called as PySpark's worker calls it (the same Arrow-to-pandas and pandas-to-Arrow conversions,
+as the installed Spark's line makes them, ``spark_lines.SparkLine.to_pandas``, so its output rows hash as Spark's
+did), and each output row is named by
 its digest (``rid.box_output_digests``), the name capture gave the output rows of the real run.
 
 Cui and Widom's classes, each verified on this batch, never assumed:
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from headwater.adapters import spark_lines
 from headwater.core import rid as rids
 
 if TYPE_CHECKING:
@@ -114,12 +116,10 @@ class Function:
 
     def frame(self, table: pa.Table, columns: list[int]):
         """Columns ``columns`` of ``table`` (the child's rows) as the pandas DataFrame the function gets."""
-        from pyspark.sql.conversion import ArrowBatchTransformer
-
         part = table.select(columns)
         struct = pa.StructArray.from_arrays([c.combine_chunks() for c in part.columns], fields=list(part.schema))
         batch = pa.RecordBatch.from_arrays([struct], names=["_0"])
-        return ArrowBatchTransformer.to_pandas(batch, timezone=self.timezone, df_for_struct=True)[0]
+        return spark_lines.installed().to_pandas(batch, self.timezone)
 
     def _frames(self, table: pa.Table):
         """(the data columns' frame, the grouping columns' frame) of the whole input, made once per table."""
@@ -195,10 +195,7 @@ class Function:
         return found
 
     def _digest_rows(self, df) -> list[int]:
-        from pyspark.sql.conversion import PandasToArrowConversion
-
-        batch = PandasToArrowConversion.convert([df], self.wrapped, timezone=self.timezone, safecheck=True,
-                                                arrow_cast=True, assign_cols_by_name=True)
+        batch = spark_lines.installed().from_pandas(df, self.wrapped, self.timezone)
         rows = batch.column(0)
         if not self.digest:  # no column is digested: every row is named alike
             return [rids.spark_xxhash64(rids.BOX_OUTPUT, self.dataset)] * len(rows)

@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import admin, ensure_topics
+from headwater.adapters.spark_lines import last_progress
 from headwater.capture import attach
 from headwater.core.offsets import partition_offsets, reached
 from headwater.demo import orders as demo_data
@@ -87,7 +88,7 @@ def read_to(env, *topics: str):
             ends[topic, p] = max(ends.get((topic, p), 0), o + 1)
 
     def done(query) -> bool:
-        progress = query.lastProgress
+        progress = last_progress(query)
         read = {}
         for s in (progress.sources if progress is not None else []):
             read.update(partition_offsets(s.endOffset))

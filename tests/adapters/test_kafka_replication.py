@@ -25,6 +25,7 @@ from kafka.admin import NewTopic
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import admin, ensure_topics, producer
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture import attach
 from headwater.capture.delivery import Breaker
 from headwater.core.rid import kafka_rid
@@ -122,7 +123,7 @@ def test_a_stream_through_a_killed_and_a_cut_off_broker_keeps_every_edge_once(sp
                  .start(sink))
         wait_batches(query, 3)
         cluster.kill(KILLED)
-        before = len([p for p in query.recentProgress if p.numInputRows])
+        before = len([p for p in recent_progress(query) if p.numInputRows])
         wait_batches(query, before + 3)  # two brokers of three: the stream and capture go on
         cluster.cut(CUT)
         cut_at, opened = time.monotonic(), False

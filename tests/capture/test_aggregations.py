@@ -27,6 +27,8 @@ from tests.capture.test_stream_joins import at
 from tests.conftest import index, own_topics, while_initializing
 from tests.oracle import as_input
 
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
+
 ROUNDS = 4
 LATE_IDS = (900, 901)
 

@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture import UnsupportedPlanError
 from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
@@ -30,6 +30,8 @@ from headwater.query.errors import LineageError
 from tests import pipelines
 from tests.conftest import index, local_file, sink_file_batches
 from tests.oracle import as_input
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 EVENTS = 300
 
@@ -66,23 +68,6 @@ def keep_and_triple_arrow_group(table):
     return pa.Table.from_batches(list(keep_and_triple_arrow(table.to_batches())), schema=ARROW_OUT)
 
 
-class RunningCount(StatefulProcessor):
-    """``running_count`` as a ``transformWithStateInPandas`` processor: the key's rows so far."""
-
-    def init(self, handle):
-        self.seen = handle.getValueState("seen", "n long")
-
-    def handleInputRows(self, key, rows, timerValues):
-        seen = self.seen.get()[0] if self.seen.exists() else 0
-        for frame in rows:
-            seen += len(frame)
-        self.seen.update((seen,))
-        yield pd.DataFrame({"k": [key[0]], "n": [seen]})
-
-    def close(self):
-        pass
-
-
 def running_count(key, frames, state):
     seen = state.get[0] if state.exists else 0
     for frame in frames:
@@ -100,7 +85,7 @@ def run_traced(spark, env, df, name, mode="append", **trace):
     index(env.config)
     rows = spark.read.parquet(sink).withColumn("_file", F.input_file_name()).collect()
     batches = {}
-    for progress in query.recentProgress:
+    for progress in recent_progress(query):
         if progress.numInputRows:
             source = progress.sources[0]
             batches[progress.batchId] = (partition_offsets(source.startOffset), partition_offsets(source.endOffset))
@@ -126,7 +111,8 @@ def keep_and_triple_left(left, right):
     return keep_and_triple_group(left)
 
 
-@pytest.mark.parametrize("black_box", ["mapInPandas", "applyInPandas", "mapInArrow", "applyInArrow", "cogroup"])
+@pytest.mark.parametrize("black_box", ["mapInPandas", "applyInPandas", "mapInArrow",
+                                       pytest.param("applyInArrow", marks=pytest.mark.since("4.0")), "cogroup"])
 def test_stateless_black_box_is_a_superset_per_batch_and_joins_above_it_stay_exact(spark, env, black_box):
     valid = parsed(spark, env).where("v IS NOT NULL")
     schema = "id long, k int, v3 long"
@@ -179,13 +165,18 @@ def rocksdb_state(spark):
         spark.conf.set(key, before)
 
 
-@pytest.mark.parametrize("black_box", ["applyInPandasWithState", "transformWithStateInPandas"])
+@pytest.mark.parametrize("black_box", ["applyInPandasWithState",
+                                       pytest.param("transformWithStateInPandas", marks=pytest.mark.since("4.0"))])
 def test_stateful_black_box_links_every_output_to_every_input_it_read_up_to_its_batch(spark, env, black_box,
                                                                                      rocksdb_state):
     grouped = parsed(spark, env).where("v IS NOT NULL").groupBy("k")
-    df = grouped.applyInPandasWithState(running_count, "k int, n long", "n long", "update",
-                                        GroupStateTimeout.NoTimeout) if black_box == "applyInPandasWithState" \
-        else grouped.transformWithStateInPandas(RunningCount(), "k int, n long", "Update", "None")
+    if black_box == "applyInPandasWithState":
+        df = grouped.applyInPandasWithState(running_count, "k int, n long", "n long", "update",
+                                            GroupStateTimeout.NoTimeout)
+    else:
+        from tests.stateful_processors import RunningCount
+
+        df = grouped.transformWithStateInPandas(RunningCount(), "k int, n long", "Update", "None")
     rows, batches = run_traced(spark, env, df, f"bb-state-{uuid.uuid4().hex[:6]}", mode="update")
 
     events = [pipelines.parse(v) for v in env.values]
@@ -204,6 +195,7 @@ def test_stateful_black_box_links_every_output_to_every_input_it_read_up_to_its_
             assert not any(x.exact for x in found)
 
 
+@pytest.mark.since("4.0")  # DataFrame.lateralJoin
 def test_a_node_capture_cannot_trace_is_refused_until_named_a_black_box(spark, env):
     """A lateral join whose subquery reads a table's rows is refused, saying why, then traced as named."""
     dims = env.dims_df

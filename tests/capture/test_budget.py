@@ -5,7 +5,10 @@ import time
 
 import pytest
 
+from headwater.adapters.spark_lines import last_progress, recent_progress
 from headwater.capture.budget import FULL, LOG_ONLY, MIN_FRACTION, SAMPLED, OverheadBudget, Plan
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 
 def run(budget: OverheadBudget, cost_of, batches: int) -> list[Plan]:
@@ -203,7 +206,7 @@ def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_ri
                      .option("checkpointLocation", str(tmp_path / checkpoint)).start(str(sink)))
             try:  # a batch whose rows Spark's sink skips reads none: wait for the batch ids
                 deadline = time.monotonic() + 120
-                while not any(p.batchId == batches - 1 and "addBatch" in p.durationMs for p in query.recentProgress):
+                while not any(p.batchId == batches - 1 and "addBatch" in p.durationMs for p in recent_progress(query)):
                     assert query.exception() is None and time.monotonic() < deadline, query.exception()
                     time.sleep(0.2)
             finally:
@@ -216,11 +219,11 @@ def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_ri
         return {r.id: r._hw_rid for r in spark.read.parquet(str(sink)).collect()}
 
     query = run("full", "cp-full", 3)
-    assert query.lastProgress.sink.description.startswith("ForeachBatchSink")
+    assert last_progress(query).sink.description.startswith("ForeachBatchSink")
     by_hook = rids()
     shutil.rmtree(sink)
     query = run("log-only", "cp-log", 3)
-    assert query.lastProgress.sink.description.startswith("FileSink")
+    assert last_progress(query).sink.description.startswith("FileSink")
     assert rids() == by_hook and len(set(by_hook.values())) == len(by_hook) == 3 * 35  # v = 6 filtered out
 
     # Batch 2 again, as after a driver died between the sink's write and Spark's commit.

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
+from headwater.adapters import spark_lines
 from headwater.capture import jar
 from headwater.capture.delivery import DeliverySettings
 from headwater.capture.journal import PROPERTY, Drain, Group, Publisher, Setting, payloads, read, sampled
@@ -26,6 +27,8 @@ from headwater.capture.lineage import BatchContext, SourceEdges
 from headwater.core import rid as rids
 from headwater.core.schema import decode_lineage
 from headwater.deploy.stack import free_port
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 N = 400
 RUN = 77
@@ -57,14 +60,16 @@ def decoded(messages) -> tuple[set, set]:
     return nodes, edges
 
 
-def test_the_jar_is_built_from_its_sources(tmp_path):
-    assert jar.built_digest() == jar.source_digest(), "rebuild it: python -m headwater.capture.jar"
+@pytest.mark.parametrize("line", spark_lines.LINES, ids=lambda line: line.minor)
+def test_each_lines_jar_is_built_from_its_sources(tmp_path, line):
+    shipped = jar.jar_path(line)
+    assert jar.built_digest(shipped) == jar.source_digest(line), "rebuild it: python -m headwater.capture.jar"
     if shutil.which("javac") is None:
         pytest.skip("no javac here to build it again")
-    built = jar.build(tmp_path / "again.jar")
-    assert jar.built_digest(built) == jar.source_digest()
-    with zipfile.ZipFile(built) as fresh, zipfile.ZipFile(jar.JAR) as shipped:
-        assert sorted(fresh.namelist()) == sorted(shipped.namelist())
+    built = jar.build(line, tmp_path / "again.jar")
+    assert jar.built_digest(built) == jar.source_digest(line)
+    with zipfile.ZipFile(built) as fresh, zipfile.ZipFile(shipped) as ours:
+        assert sorted(fresh.namelist()) == sorted(ours.namelist())
 
 
 def test_outputs_become_one_edge_per_source_row_in_chunks():

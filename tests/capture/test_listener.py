@@ -4,6 +4,7 @@ session's listener bus, published as progress records; its work inside a traced 
 
 import json
 
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture import jar
 from headwater.capture.listener import ProgressListener, progress_record
 from headwater.core.schema import LOG_PROGRESS
@@ -53,12 +54,12 @@ def test_only_watched_queries_are_published_and_a_failing_publish_loses_only_its
                      .writeStream.format("noop").queryName(name).trigger(processingTime="100 milliseconds")
                      .option("checkpointLocation", str(tmp_path / name)).start())
             try:
-                while len([p for p in query.recentProgress if p.numInputRows]) < 3:
+                while len([p for p in recent_progress(query) if p.numInputRows]) < 3:
                     query.awaitTermination(0.1)
             finally:
                 query.stop()
             if name == "watched-query":
-                spark_progress = [json.loads(p.json) for p in query.recentProgress]
+                spark_progress = [json.loads(p.json) for p in recent_progress(query)]
     finally:
         listener.close()
     assert calls[0] == 0 and calls == sorted(calls) and len(calls) == len(spark_progress)

@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from headwater.adapters.spark_lines import recent_progress
 from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient
@@ -19,6 +20,8 @@ from headwater.query.errors import LineageError
 from tests import pipelines
 from tests.conftest import index
 from tests.oracle import as_input
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 EVENTS = 400
 
@@ -32,7 +35,7 @@ def content(row: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in row.items()))
 
 
-@pytest.mark.parametrize("name", sorted(pipelines.PIPELINES))
+@pytest.mark.parametrize("name", pipelines.pipelines_here())
 def test_pipeline_lineage_equals_the_oracle(spark, env, name):
     source = (spark.readStream.format("kafka").option("startingOffsets", "earliest")
               .option("kafka.bootstrap.servers", env.config.bootstrap)
@@ -43,7 +46,7 @@ def test_pipeline_lineage_equals_the_oracle(spark, env, name):
              .option("checkpointLocation", str(env.workdir / f"cp-{name}"))
              .trigger(processingTime="200 milliseconds").start(sink))
     run_until(query, end_offsets(env.topic, env.coordinates), say=print)
-    assert sum(1 for p in query.recentProgress if p.numInputRows) >= 3
+    assert sum(1 for p in recent_progress(query) if p.numInputRows) >= 3
     index(env.config)
 
     expected = pipelines.oracle(name, env.topic, env.values, env.coordinates, env)

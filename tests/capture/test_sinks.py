@@ -25,6 +25,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture.sinks import SinkError
 from headwater.capture.sinks.spark_sinks import FileSink
 from headwater.capture.sinks.streaming_write import StreamingWriteSink
@@ -35,6 +36,8 @@ from headwater.spark.table_files import sink_batch_files
 from tests import pipelines
 from tests.conftest import index, local_file, read_log, stop_when_idle
 from tests.oracle import as_input
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 
 def asked(server, direction: str, source: str) -> dict:
@@ -118,7 +121,7 @@ def run(start, checkpoint: Path, env):
     splits it into batches only under a processing-time trigger)."""
     query = start(str(checkpoint))
     deadline = time.monotonic() + 240
-    while not any(reached(s.endOffset, ends(env)) for p in query.recentProgress for s in p.sources):
+    while not any(reached(s.endOffset, ends(env)) for p in recent_progress(query) for s in p.sources):
         assert query.exception() is None, query.exception()
         assert time.monotonic() < deadline, "the stream did not read the whole topic"
         time.sleep(0.2)
@@ -382,6 +385,7 @@ def test_what_cannot_be_traced_as_asked_fails_at_start_naming_it(spark, env, tmp
     assert not spark.streams.active
 
 
+@pytest.mark.since("4.0")  # a Python data source (pyspark.sql.datasource) writes the batches
 def test_streaming_writer_sinks_commit_with_the_batch_id(spark, env, expected, tmp_path):
     """A Python data source's streaming writer gets ``commit(messages, batch_id)`` as Spark calls it
     untraced, the retried batch's id again (this connector keeps the first commit of a batch id)."""

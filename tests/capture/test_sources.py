@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture import attach
 from headwater.core.rid import file_rid
 from headwater.query.api import LineageClient
@@ -57,7 +58,7 @@ def test_file_source_lineage_by_path_and_position(spark, stack_config, tmp_path,
         assert query.exception() is None, query.exception()
     finally:
         tracer.close()
-    assert sum(1 for p in query.recentProgress if p.numInputRows) == FILES
+    assert sum(1 for p in recent_progress(query) if p.numInputRows) == FILES
     index(config)
 
     expected = {}
@@ -93,7 +94,7 @@ def test_rate_source_lineage_by_value(spark, stack_config, tmp_path):
                  .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="1 second")
                  .start(str(tmp_path / "sink")))
         deadline = time.monotonic() + 60
-        while sum(p.numInputRows for p in query.recentProgress) < 60 and time.monotonic() < deadline:
+        while sum(p.numInputRows for p in recent_progress(query)) < 60 and time.monotonic() < deadline:
             time.sleep(0.2)
         stop_when_idle(query)
     finally:

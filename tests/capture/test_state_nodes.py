@@ -31,6 +31,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture import attach
 from headwater.capture.budget import LOG_ONLY
 from headwater.capture.sinks.spark_sinks import FileSink
@@ -52,6 +53,8 @@ from tests.conftest import (
     stop_when_idle,
 )
 from tests.oracle import as_input
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 BASE = 1_790_000_000  # event time 0, in epoch seconds: windows of 10 and 20 s start at it
 BATCHES = 32  # micro-batches of new rows
@@ -124,7 +127,7 @@ def read_all(query, last_offset: int, topic: str) -> None:
 
     deadline = time.monotonic() + 300
     while not any(partition_offsets(s.endOffset).get((topic, 0), 0) > last_offset
-                  for p in query.recentProgress for s in p.sources):
+                  for p in recent_progress(query) for s in p.sources):
         assert query.exception() is None, query.exception()
         assert time.monotonic() < deadline, "the stream did not read its rows"
         time.sleep(0.2)
@@ -170,7 +173,7 @@ class Stream:
         """``run``'s end: the started ``query`` reads every record produced so far and is stopped."""
         read_all(query, max(o for _, _, _, o in self.coordinates.values()), self.topic)
         self.read.update(records_read(query))
-        return {p.batchId for p in query.recentProgress}
+        return {p.batchId for p in recent_progress(query)}
 
     def batch_of(self, rows: list[dict]) -> dict[int, int]:
         """The batch that read each event."""

@@ -31,6 +31,8 @@ from headwater.query.api import LineageClient
 from headwater.query.errors import LineageError, UnknownRow
 from tests.conftest import index, own_topics, records_read
 
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
+
 SENSORS = ["s0", "s1", "s2", "s3"]
 SITES = {"v1": {"s0": "OLD", "s1": "A1", "s2": "B1", "s3": "C1", "s5": "LONELY"},  # no event is from s5
          "v2": {"s0": "NEW", "s1": "A2", "s2": "B2"}}  # v2 has no s3: its events are unmatched there

@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics
+from headwater.adapters.spark_lines import last_progress
 from headwater.capture import attach
 from headwater.core.offsets import partition_offsets, reached
 from headwater.core.rid import kafka_rid
@@ -24,6 +25,8 @@ from headwater.demo import orders as demo_data
 from headwater.query.api import LineageClient
 from tests.conftest import index, own_topics, while_initializing
 from tests.oracle import as_input
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 
@@ -96,7 +99,7 @@ def run_until_both(query, ends: dict) -> None:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        progress = query.lastProgress
+        progress = last_progress(query)
         if progress is not None:
             read = {}
             for source in progress.sources:

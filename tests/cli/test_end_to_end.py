@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from headwater.adapters.graph import driver
 from headwater.adapters.kafka import ensure_topics
+from headwater.adapters.spark_lines import recent_progress
 from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
@@ -61,7 +62,7 @@ def sink_rows(spark, run) -> list:
 
 
 def test_the_stream_ran_several_batches_and_skipped_malformed_events(run):
-    assert sum(1 for p in run.query.recentProgress if p.numInputRows) >= 4
+    assert sum(1 for p in recent_progress(run.query) if p.numInputRows) >= 4
     assert count_malformed(run.events) == ORDERS // MALFORMED_EVERY
     assert run.stats.dlq == 0
 
@@ -173,7 +174,7 @@ def test_batch_log_records_plan_and_every_batch(run):
     assert not [op for op in fallback.operators() if op.kind == "Unknown"]
     kept = PlanStore(run.config.store_uri(), run.config.log_topic).plan_for(plans[0]["query"], 10**9)
     assert kept["optimized"] == plans[0]["optimized"] and kept["fingerprint"] == plans[0]["fingerprint"]
-    ran = {p.batchId for p in run.query.recentProgress if p.numInputRows}
+    ran = {p.batchId for p in recent_progress(run.query) if p.numInputRows}
     assert {b["batch"] for b in batches} >= ran
     assert all(b["status"] == "full" and b["dropped_edges"] == b["spilled_edges"] == 0 for b in batches)
     assert sum(b["edges"] for b in batches) == 2 * len(run.expected) == run.stats.edges
@@ -184,7 +185,7 @@ def test_batch_log_records_the_offsets_each_batch_read(spark, run):
     """Progress records: per batch, offset ranges that tile the topic and hold that batch's rows."""
     records = read_log(run.config)
     progress = {r["batch"]: r for r in records if r["schema"] == LOG_PROGRESS and r["rows_in"]}
-    assert set(progress) == {p.batchId for p in run.query.recentProgress if p.numInputRows}
+    assert set(progress) == {p.batchId for p in recent_progress(run.query) if p.numInputRows}
     assert all(r["query"] == "enriched_orders" and r["durations_ms"]["triggerExecution"] > 0
                for r in progress.values())
     read_up_to: dict = {}
@@ -305,7 +306,7 @@ def test_a_retried_batch_yields_identical_rids_and_no_duplicate_edges(spark, run
         (commits / name).unlink(missing_ok=True)
     _, again = run_pipeline(spark, run.config, Path(run.workdir), run.topic,
                             end_offsets(run.topic, run.coordinates), say=print, max_per_batch=300)
-    assert [p.batchId for p in again.recentProgress if p.numInputRows] == [last]
+    assert [p.batchId for p in recent_progress(again) if p.numInputRows] == [last]
     index_all(run.config)
 
     after = sorted(r._hw_rid for r in sink_rows(spark, run))
@@ -378,7 +379,7 @@ def test_capture_metrics_are_served_on_loopback(spark, run, tmp_path):
         query = (tracer.trace(df, name=name, keys={"customers": "customer_id"}).writeStream.format("noop")
                  .option("checkpointLocation", str(tmp_path / "cp")).trigger(availableNow=True).start())
         query.awaitTermination(180)
-        batches = sum(1 for p in query.recentProgress if p.numInputRows)
+        batches = sum(1 for p in recent_progress(query) if p.numInputRows)
         tracer.spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(10_000)
         deadline = time.monotonic() + 10
         while True:  # the tracer's thread sends the last batch's journal once Spark has finished that batch,

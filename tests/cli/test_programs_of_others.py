@@ -36,6 +36,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from headwater.adapters.kafka import ensure_topics, producer
+from headwater.adapters.spark_lines import last_progress, recent_progress
 from headwater.capture import attach
 from headwater.core.offsets import partition_offsets, reached
 from headwater.core.rid import kafka_rid
@@ -514,7 +515,7 @@ def kafka_records_read(query) -> dict[tuple, int]:
 def watermarks(query) -> dict[int, int]:
     """The watermark (epoch ms) each batch of ``query`` ran with, from its progress."""
     out = {}
-    for progress in query.recentProgress:
+    for progress in recent_progress(query):
         mark = (progress.eventTime or {}).get("watermark")
         if mark:
             out[progress.batchId] = int(dt.datetime.fromisoformat(mark.replace("Z", "+00:00")).timestamp() * 1000)
@@ -534,7 +535,7 @@ class Settling:
         self.query, self.ends, self.last, self.since = query, ends, None, 0.0
 
     def settled(self) -> bool:
-        progress = self.query.lastProgress
+        progress = last_progress(self.query)
         read = {}
         for source in (progress.sources if progress is not None else []):
             read.update(partition_offsets(source.endOffset))
@@ -584,7 +585,7 @@ class Live:
             self.phase = "done" if self.at == len(self.waves) else "produce"
 
     def _read(self, query) -> bool:
-        progress = query.lastProgress
+        progress = last_progress(query)
         if progress is None:
             return False
         read = {}
@@ -593,12 +594,12 @@ class Live:
         return reached(read, self.ends)
 
     def _emptied(self, query) -> bool:
-        progress = query.lastProgress
+        progress = last_progress(query)
         return self._read(query) and bool(progress.stateOperators) and \
             all(op.numRowsTotal == 0 for op in progress.stateOperators)
 
     def stop(self) -> None:
-        assert min(p.batchId for p in self.queries[True].recentProgress) == 0, "progress of the first batches lost"
+        assert min(p.batchId for p in recent_progress(self.queries[True])) == 0, "progress of the first batches lost"
         self.run.read.update(kafka_records_read(self.queries[True]))
         self.run.watermarks.update(watermarks(self.queries[True]))
         for query in self.queries.values():

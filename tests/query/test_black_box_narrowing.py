@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from bench.black_box_narrowing import sessions
+from headwater.adapters.spark_lines import recent_progress
 from headwater.core import signing
 from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
@@ -33,6 +34,8 @@ from tests.capture.test_black_boxes import parsed, records_read
 from tests.conftest import index, local_file, sink_file_batches, while_initializing
 from tests.oracle import as_input
 from tests.query.test_reexecute import centre, jitter
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 KEY = "narrowing-test-key"
 EVENTS = 300
@@ -102,7 +105,7 @@ def runs(spark, env):
         batch_of = sink_file_batches(env.config, name)
         rows = spark.read.parquet(str(env.workdir / f"sink-{name}")).withColumn("_file", F.input_file_name()).collect()
         batches = {}
-        for progress in query.recentProgress:
+        for progress in recent_progress(query):
             if progress.numInputRows:
                 source = progress.sources[0]
                 batches[progress.batchId] = (partition_offsets(source.startOffset),

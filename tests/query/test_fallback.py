@@ -23,6 +23,8 @@ from headwater.store.plans import PlanStore
 from tests.conftest import index, own_topics, records_read, sink_file_batches
 from tests.oracle import as_input, demo_lineage, derived_from, parse
 
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
+
 ORDERS = 300
 
 

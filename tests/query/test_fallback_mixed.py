@@ -12,6 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from headwater.adapters.kafka import ensure_topics
+from headwater.adapters.spark_lines import recent_progress
 from headwater.capture.budget import FULL, LOG_ONLY, SAMPLED
 from headwater.capture.journal import sampled
 from headwater.core.rid import kafka_rid
@@ -21,6 +22,8 @@ from headwater.demo.run import end_offsets, run_pipeline
 from headwater.query.api import LineageClient
 from tests.conftest import index, local_file, own_topics, read_log, records_read, sink_file_batches
 from tests.oracle import as_input, demo_lineage, derived_from, parse
+
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 QUERY = "enriched_orders"
 MAX_PER_BATCH = 40
@@ -46,7 +49,7 @@ def run(spark, stack_config, tmp_path_factory):
         # run_pipeline keeps its checkpoint and sink in workdir by topic: a second call resumes the stream.
         sink, query = run_pipeline(spark, config.with_overrides(**overrides), workdir, topic,
                                    end_offsets(topic, coordinates), say=print, max_per_batch=MAX_PER_BATCH)
-        runs.append(sorted(p.batchId for p in query.recentProgress if p.numInputRows))
+        runs.append(sorted(p.batchId for p in recent_progress(query) if p.numInputRows))
         read.update(records_read(query))
     index(config)
     logged = {r["batch"]: r for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == QUERY}

@@ -15,6 +15,8 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType, StructField, St
 from headwater.core import rid as rids
 from headwater.query.narrow import reexecute
 
+pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
+
 DATASET = "MapInPandas#1"
 _TYPES = {"long": LongType(), "int": IntegerType(), "double": DoubleType()}
 

@@ -28,15 +28,10 @@ import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.XXH64;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.util.ArrayData;
-import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.execution.arrow.ArrowWriter;
-import org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution;
-import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
@@ -45,8 +40,6 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.util.LongAccumulator;
 import org.apache.spark.util.TaskCompletionListener;
-import scala.collection.immutable.Seq;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * The hot path of lineage capture: a filter condition, true for every row, that writes the narrow
@@ -167,10 +160,7 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
                                       maxBytes, mode, inputs, late, op, drain, counts);
         // Typed as the JDK's Predicate, so that the generated code names no class of this jar.
         Literal target = new Literal(journal, new ObjectType(Predicate.class));
-        Seq<Expression> arguments = CollectionConverters.asScala(List.of(ExpressionUtils.expression(struct))).toList();
-        Seq<AbstractDataType> types = CollectionConverters.asScala(List.<AbstractDataType>of()).toList();
-        return ExpressionUtils.column(new Invoke(target, "test", DataTypes.BooleanType, arguments, types, false, false,
-                                                 false));
+        return SparkLine.invoke(target, "test", DataTypes.BooleanType, List.of(SparkLine.expression(struct)));
     }
 
     @Override
@@ -231,7 +221,7 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
                         }
                         mark = marks.get(op).isNull() ? null : marks.get(op).asLong();
                     }
-                    writer = ArrowWriter.create(schema, "UTC", false, false);
+                    writer = SparkLine.arrowWriter(schema);
                     context.addTaskCompletionListener((TaskCompletionListener) this::finish);
                 } catch (IOException | RuntimeException e) {
                     fail();
@@ -401,7 +391,7 @@ public final class Journal implements Predicate<InternalRow>, Serializable {
      * called, from Spark's own local properties (null outside a micro-batch): as {@code journal.Setting}'s JSON.
      */
     static String sparkSetting(TaskContext context) {
-        String batch = context.getLocalProperty(MicroBatchExecution.BATCH_ID_KEY());
+        String batch = context.getLocalProperty(JobTimes.BATCH_ID);
         String query = context.getLocalProperty(JobTimes.QUERY_ID);
         if (batch == null || query == null) {
             return null;

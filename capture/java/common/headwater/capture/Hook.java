@@ -11,18 +11,11 @@ import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Literal;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
-import org.apache.spark.sql.classic.ExpressionUtils;
-import org.apache.spark.sql.execution.streaming.runtime.IncrementalExecution;
-import org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution;
-import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.streaming.StreamingQuery;
-import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.unsafe.types.UTF8String;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * The JVM half of one traced query's per-batch hook ({@code tracer.BatchHook}): what the hook asks of Spark
@@ -88,9 +81,7 @@ public final class Hook {
     public static Column batchId() {
         // Typed as the JDK's Supplier, so that the generated code names no class of this jar.
         Literal target = new Literal(new BatchId(), new ObjectType(Supplier.class));
-        return ExpressionUtils.column(new Invoke(target, "get", DataTypes.StringType,
-                CollectionConverters.asScala(List.<Expression>of()).toList(),
-                CollectionConverters.asScala(List.<AbstractDataType>of()).toList(), false, false, false));
+        return SparkLine.invoke(target, "get", DataTypes.StringType, List.<Expression>of());
     }
 
     private static final class BatchId implements Supplier<Object>, Serializable {
@@ -119,7 +110,7 @@ public final class Hook {
             return id;
         }
 
-        private static final String KEY = MicroBatchExecution.BATCH_ID_KEY();
+        private static final String KEY = JobTimes.BATCH_ID;
     }
 
     /** {@link Watermarks#late} of the micro-batch that query {@code queryId} of {@code session} runs now. */
@@ -128,7 +119,6 @@ public final class Hook {
         if (query == null) {
             throw new NoSuchElementException("streaming query " + queryId + " is not active in the traced session");
         }
-        IncrementalExecution execution = ((StreamingQueryWrapper) query).streamingQuery().lastExecution();
-        return Watermarks.late(execution.executedPlan());
+        return Watermarks.late(Watermarks.lastExecutedPlan(query));
     }
 }

@@ -18,6 +18,8 @@ import org.apache.spark.scheduler.SparkListenerJobStart;
  */
 public final class JobTimes extends SparkListener {
     static final String QUERY_ID = "sql.streaming.queryId"; // as jvm_listener.QUERY_ID_PROPERTY
+    // The micro-batch's id, MicroBatchExecution.BATCH_ID_KEY: the same on every Spark line (its class moved in 4.1).
+    static final String BATCH_ID = "streaming.sql.batchId";
     static final String CAPTURE = "headwater.capture"; // as jvm_listener.CAPTURE_PROPERTY
 
     private record Started(String key, long at) {
