@@ -6,10 +6,11 @@ a Spark version; a version of no line is refused with ``UnsupportedSpark``, whic
 ``running(spark)`` is the line of a session's Spark (what ``attach`` asks), ``installed()`` that of the
 installed pyspark.
 
-Code elsewhere asks the line for what differs (a JVM class's name, how a Scala collection is made, a column
-of ``_metadata``), never compares version numbers. To support another line: one ``SparkLine`` in ``LINES``,
-its jar's sources (``capture/java/spark-<jar>/``, if a jar of the lines so far does not serve it), and the
-line's CI job (``.ci/run``).
+Code elsewhere asks the line for what differs (a JVM class's name, a plan constructor's arguments, how a Scala
+collection is made), never compares version numbers; tests of an API that came with a later line ask ``has``.
+To support another line: one ``SparkLine`` in ``LINES``, its jar's sources (``capture/java/spark-<jar>/``, if a
+jar of the lines so far does not serve it), and its tested release in the dev script's ``SPARK_RELEASES``
+(``./dev test`` runs the tests of every line on it).
 """
 
 from __future__ import annotations
@@ -49,11 +50,6 @@ class SparkLine:
         """Whether this line is the minor release ``since`` (``"4.2"``) or a later one: what a test of an API that
         came with ``since`` asks."""
         return _minor(self.minor) >= _minor(since)
-
-    @property
-    def kafka_connector(self) -> str:
-        """Spark's own Kafka connector of the line, as Maven names it (``--packages``)."""
-        return f"org.apache.spark:spark-sql-kafka-0-10_{self.scala}:{self.tested}"
 
     def scala_seq(self, jvm, java_list):
         """A Java list as a Scala ``Seq`` (an immutable ``List``), as Catalyst's constructors take one."""

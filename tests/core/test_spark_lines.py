@@ -32,11 +32,9 @@ def test_a_line_has_the_apis_of_its_own_minor_and_earlier_ones():
     assert new.has("3.5") and new.has("4.0") and new.has("4.2") and not new.has("4.10")
 
 
-def test_each_line_has_a_jar_of_its_scala_version_and_the_lines_kafka_connector():
+def test_each_line_has_a_jar_of_its_scala_version():
     assert {line.jar: line.scala for line in spark_lines.LINES} == {"3.5": "2.12", "4": "2.13"}
-    for line in spark_lines.LINES:
-        assert jar.jar_path(line).is_file()
-        assert line.kafka_connector == f"org.apache.spark:spark-sql-kafka-0-10_{line.scala}:{line.tested}"
+    assert all(jar.jar_path(line).is_file() for line in spark_lines.LINES)
 
 
 def test_the_dev_script_installs_each_lines_tested_release_the_default_first():
