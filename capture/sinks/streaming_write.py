@@ -27,14 +27,14 @@ class StreamingWriteSink(Sink):
         jvm = session_jvm(spark)
         self._options = scala_map(jvm, options)
         self._mode = java_output_mode(jvm, output_mode)
+        self._line = spark_lines.running(spark)  # asked once: it is a call into the JVM
 
     def write(self, df: DataFrame, batch_id: int) -> None:
         jvm = session_jvm(self._spark)
         query_id = self._spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
         if not query_id:  # a connector may key its commits on it: never write without it
             raise SinkError(f"batch {batch_id}: no streaming query id on the thread writing it ({QUERY_ID_PROPERTY})")
-        line = spark_lines.running(self._spark)
-        plan = line.write_to_micro_batch(jvm, self._relation, df._jdf.queryExecution().analyzed(), query_id,
-                                         self._options, self._mode).withNewBatchId(batch_id)
+        plan = self._line.write_to_micro_batch(jvm, self._relation, df._jdf.queryExecution().analyzed(), query_id,
+                                               self._options, self._mode).withNewBatchId(batch_id)
         # In the batch's own session, as Spark's micro-batch engine runs it (its settings, not the tracer's).
-        line.dataset_of(jvm, df._jdf.sparkSession(), plan).collect()
+        self._line.dataset_of(jvm, df._jdf.sparkSession(), plan).collect()
