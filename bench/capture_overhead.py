@@ -45,19 +45,28 @@ On another Spark line, its venv runs it (``./dev line 3.5`` makes ``.venv-spark-
 
     .venv/bin/python bench/capture_overhead.py [--rows-per-batch 10000] [--offered 10000]
         [--warmup-batches 10] [--batches 10] [--rounds 2] [--sizes 1000,10000,100000] [--size-rounds 1]
+        [--openlineage INTERVAL_S]
+
+``--openlineage 5`` runs every attached mode with OpenLineage events on (capture/openlineage.py), sent over HTTP to
+a receiver of the bench's own, a RUNNING event at most every 5 s; ``openlineage`` in the JSON counts what came.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.openlineage_receiver import Receiver  # noqa: E402
 from headwater.adapters.spark_lines import last_progress, recent_progress
 
 SHAPES = ("demo", "window", "join")
@@ -171,7 +180,8 @@ def run_once(spark, config, workdir: Path, shape: str, mode: str, tag: str, args
     from headwater.capture import attach
     from headwater.capture.spark_plan import optimized_records
 
-    tracer = attach(spark, config, capture="log-only" if mode == "log" else "full") if mode != "bare" else None
+    tracer = attach(spark, config, capture="log-only" if mode == "log" else "full",
+                    openlineage="on" if args.openlineage else "off") if mode != "bare" else None
     once: dict[str, float] = {}
     try:
         df, output_mode = reference_query(spark, shape, str(workdir / "customers.parquet"), rows, config.bootstrap)
@@ -235,6 +245,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sizes", default="1000,10000,100000", help="batch sizes of the curve; empty: none")
     parser.add_argument("--size-rounds", type=int, default=1)
+    parser.add_argument("--openlineage", type=float, default=0, metavar="INTERVAL_S",
+                        help="with OpenLineage events on (every attached mode), to a receiver of the bench's own, a "
+                             "RUNNING event at most every INTERVAL_S seconds; 0: events off")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",") if x]
 
@@ -247,7 +260,12 @@ def main(argv=None) -> None:
     by_size = {(shape, size, mode): [] for shape in SHAPES for size in sizes for mode in MODES}
     seconds = dict.fromkeys(MODES, 0.0)
     once: dict[str, list[float]] = {"trace_ms": [], "optimized_plan_ms": []}
+    receiver = Receiver().__enter__() if args.openlineage else None
+    if receiver is not None:
+        os.environ["OPENLINEAGE_URL"] = receiver.url
     with bench_stack("headwater-bench") as (home, config, spark):
+        if args.openlineage:
+            config = config.with_overrides(openlineage_interval_s=args.openlineage)
         count = max([args.rows_per_batch, *sizes]) * (args.warmup_batches + args.batches)
         say(f"producing {count} orders to {TOPIC}")
         produce_orders(config, count, args.offered)
@@ -349,6 +367,11 @@ def main(argv=None) -> None:
                           for n in sizes if by_size[(shape, n, "off")]}
                   for shape in SHAPES},
     }
+    if receiver is not None:  # events on: what the traced runs sent, as a catalog got them
+        events = receiver.events()
+        receiver.__exit__(None, None, None)
+        result["openlineage"] = {"interval_s": args.openlineage, "events": len(events),
+                                 "by_type": dict(Counter(e["eventType"] for e in events))}
     print(json.dumps(result))
 
 

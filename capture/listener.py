@@ -8,6 +8,9 @@ batch's capture status; both carry ``(query, batch)`` and the indexer merges the
 entry of the gap map. Kept apart because a batch whose hook failed still has progress, which is
 how a gap shows.
 
+The same listener hears a traced query start and end (``lifecycle``), which the tracer's OpenLineage
+events are told of (``openlineage.py``): Spark's own end event is the only word of a query that failed.
+
 In the JVM because PySpark's listener in Python cost every query of the session, traced or
 not, 70-90 ms of the driver's CPU a batch (``Progress.java`` says why).
 """
@@ -59,15 +62,18 @@ def progress_record(progress: dict, query: str) -> dict:
 class ProgressListener:
     """Publishes the progress of traced queries. ``listener`` is a ``Progress`` of capture's jar;
     ``traced(spark query name)`` names the traced query (None: not traced, ignored); ``watch`` it
-    before the query starts."""
+    before the query starts. ``lifecycle`` is told of each start and end of a traced query (``Progress.java``'s
+    records, with ``query`` set to the traced query's name)."""
 
     def __init__(self, spark, listener, traced: Callable[[str], str | None], publish: Callable[..., None],
-                 observe: Callable[[dict], None] = lambda record: None):
+                 observe: Callable[[dict], None] = lambda record: None,
+                 lifecycle: Callable[[dict], None] = lambda event: None):
         self._spark = spark
         self._listener = listener
         self._traced = traced
         self._publish = publish
         self._observe = observe  # sees each record too, for metrics
+        self._lifecycle = lifecycle
         self._lost = 0
         self._stop = threading.Event()
         spark._jsparkSession.streams().addListener(listener)
@@ -101,6 +107,9 @@ class ProgressListener:
                 progress = json.loads(line)
                 query = self._traced(progress.get("name"))
                 if query is None:
+                    continue
+                if "headwater" in progress:  # a start or an end, not a batch's progress
+                    self._lifecycle({**progress, "query": query})
                     continue
                 record = progress_record(progress, query)
                 self._observe(record)

@@ -39,6 +39,9 @@ TASK_SECONDS = Counter("headwater_capture_task_seconds",
                        "Time capture spent inside the user's tasks (journaling lineage)", ["query"])
 LISTENER_LAG_SECONDS = Gauge("headwater_capture_listener_lag_seconds",
                              "Last batch: from its end to its progress reaching the listener", ["query"])
+OPENLINEAGE_EVENTS = Counter("headwater_capture_openlineage_events",
+                             "OpenLineage events of traced queries, by type (START, RUNNING, COMPLETE, FAIL) and "
+                             "outcome (sent, failed)", ["query", "event", "outcome"])
 # The budget beside the ratio, so that an alert can compare the two per query (deploy/prometheus/rules.yaml).
 OVERHEAD_BUDGET = Gauge("headwater_capture_overhead_budget",
                         "The query's overhead budget: capture time over the batch's own time it allows; 0: no limit",

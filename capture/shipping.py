@@ -30,7 +30,8 @@ class Shipper:
     """The tracer's thread, started at once; ``close()`` sends what is left (within ``send_timeout_s``) and stops it.
 
     ``each_round`` is called once a round (about every second), after sending, on this thread: the tracer counts
-    its queries' job time there.
+    its queries' job time there. Each of ``observers`` is told of every log record as it is sent, whole
+    (``observer(schema, fields)``, on this thread): the tracer's OpenLineage events read them.
     """
 
     def __init__(self, settings: DeliverySettings, log_topic: str, edges_topic: str, spill_max_bytes: int,
@@ -42,6 +43,7 @@ class Shipper:
         self.each_round = each_round
         self.drain = Drain(settings, edges_topic, on_sent=metrics.record_sent)
         self.in_flight = InFlight()  # traced batches running: the thread leaves the journal alone meanwhile
+        self.observers: list[Callable[[str, dict], None]] = []
         self._queue: queue.Queue = queue.Queue(maxsize=LOG_QUEUE_SIZE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="headwater-log", daemon=True)
@@ -84,9 +86,11 @@ class Shipper:
             try:
                 self.in_flight.progress_seen(records)
                 delivery.drain(budget_s=5.0)  # first: it is the one to probe a broker coming back
-                # A record's fields computed off the stream's path (``publish_log(later=…)``).
-                messages = [(topic, key, encode_log(schema, **fields, **(later() if later else {})))
-                            for topic, key, schema, fields, later in records]
+                messages = []
+                for topic, key, schema, fields, later in records:
+                    whole = {**fields, **later()} if later else fields  # fields computed off the stream's path
+                    messages.append((topic, key, encode_log(schema, **whole)))
+                    self._tell(schema, whole)
                 for outcome, (_, key, _) in zip(delivery.deliver(messages), messages):
                     if outcome == DROPPED:
                         log.error("spill full: a log record of query %s is lost", key.decode())
@@ -110,6 +114,13 @@ class Shipper:
         except Exception:
             log.exception("sending the journal at close failed; it stays in %s", self.settings.spill_dir)
         self.drain.close()
+
+    def _tell(self, schema: str, fields: dict) -> None:
+        for observer in self.observers:
+            try:
+                observer(schema, fields)
+            except Exception:  # an observer's failure costs its own view, never the record
+                log.exception("an observer of the log records failed")
 
 
 class InFlight:

@@ -137,7 +137,8 @@ def raw_node(node) -> RawNode:
 
 def _file_location(node) -> dict | None:
     """Where a relation's rows live (Spark's JSON leaves it out): a file-backed relation's
-    root paths, format and reader options; a catalog table's qualified name as ``table``."""
+    root paths, format and reader options; a catalog table's qualified name as ``table``; a Kafka stream's
+    brokers and topics as ``kafka``."""
     cls = node.getClass().getSimpleName()
     # The relation's own columns and types (partition columns last), to read its files as Spark does.
     columns = [[a.name(), a.dataType().simpleString()] for a in Jvm.items(node.output())]
@@ -147,6 +148,8 @@ def _file_location(node) -> dict | None:
         paths = [path.get()] if path.isDefined() else [p for p in Jvm.items(source.paths())]
         return {"paths": paths, "format": source.className().lower(), "options": _options(source.options()),
                 "columns": columns} if paths else None
+    if cls == "StreamingRelationV2" and str(node.sourceName()).lower() == "kafka":
+        return {"kafka": _kafka_location(node.extraOptions())}
     if cls == "HiveTableRelation":
         return {"table": node.tableMeta().identifier().unquotedString()}
     if cls == "DataSourceV2Relation":
@@ -166,6 +169,15 @@ def _file_location(node) -> dict | None:
     paths = [p.toString() for p in Jvm.items(relation.location().rootPaths())]
     return {"paths": paths, "format": relation.fileFormat().toString().lower(), "options": _options(relation.options()),
             "columns": columns, **table}
+
+
+def _kafka_location(options) -> dict[str, str]:
+    """A Kafka stream's brokers (``bootstrap``) and what it reads (``subscribe``, ``subscribePattern`` or
+    ``assign``), from its reader's options (case-insensitive): never its other settings, which may hold secrets."""
+    found = {"bootstrap": options.get("kafka.bootstrap.servers")}
+    for name in ("subscribe", "subscribePattern", "assign"):
+        found[name] = options.get(name)
+    return {k: str(v) for k, v in found.items() if v is not None}
 
 
 def _options(scala_map) -> dict[str, str]:

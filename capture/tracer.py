@@ -33,6 +33,7 @@ from .jar import Counts, Journals, drain_command
 from .journal import drain_env
 from .jvm_listener import JobTimes
 from .listener import ProgressListener
+from .openlineage import OpenLineageEvents
 from .rewrite import Threaded, thread_rids
 from .shipping import Shipper
 from .spark_plan import analyzed, optimized_records
@@ -92,12 +93,17 @@ class Tracer:
         self._job_times: JobTimes | None = JobTimes(spark, self.journals.job_times())
         self._listener: ProgressListener | None = None
         self._metrics_server: WSGIServer | None = None
+        self.events: OpenLineageEvents | None = None  # the traced queries' OpenLineage events, where wanted
         # The tracer's thread (``shipping.Shipper``): the log records and the journal to the broker.
         self.shipper = Shipper(self.delivery_settings, config.log_topic, config.edges_topic, config.spill_max_bytes,
                                config.send_timeout_s, each_round=self._count_job_time)
         try:  # a listener or a metrics port that fails leaves no thread of this tracer's running, nor its drain
+            self.events = OpenLineageEvents.start(spark, config)
+            if self.events is not None:
+                self.shipper.observers.append(self.events.observe)
             self._listener = ProgressListener(spark, self.journals.progress(), self._queries.get,
-                                              self.shipper.publish_log, self._observe_progress)
+                                              self.shipper.publish_log, self._observe_progress,
+                                              self.events.lifecycle if self.events is not None else lambda e: None)
             if config.metrics_port:
                 self._metrics_server = metrics.serve(config.metrics_port, config.metrics_host)
         except BaseException:
@@ -214,6 +220,9 @@ class Tracer:
             self._metrics_server.server_close()
             self._metrics_server = None
         self.shipper.close()  # its last round counts the last jobs' time
+        if self.events is not None:  # after the listener and the shipper: the queries' last records and ends
+            self.events.close(self.config.send_timeout_s)
+            self.events = None
         if self._job_times is not None:
             self._job_times.close()
             self._job_times = None

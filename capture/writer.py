@@ -13,6 +13,7 @@ Spark's own error, raised from the user's plan before anything of the traced que
 
 from __future__ import annotations
 
+import logging
 import time
 
 from pyspark.sql.streaming import StreamingQuery
@@ -20,7 +21,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from pyspark.sql.utils import to_str
 
 from headwater.core import signing
-from headwater.core.plan import column_lineage
+from headwater.core.plan import column_lineage, column_transformations
 from headwater.core.schema import LOG_PLAN
 
 from . import checkpoint, log_only, metrics
@@ -40,6 +41,8 @@ from .sinks import (
 )
 from .sinks.jvm import OUTPUT_MODES, output_mode
 from .sinks.python_sinks import partition_writer
+
+log = logging.getLogger("headwater.capture")
 
 ONE_TIME_SINKS = (MEMORY, FOREACH, FOREACH_BATCH, CONSOLE, NOOP)  # Spark lets these run without a checkpoint
 UNPARTITIONED_SINKS = (MEMORY, FOREACH, FOREACH_BATCH)  # Spark refuses partitionBy for these
@@ -169,12 +172,18 @@ class TracedWriter:
         reads = column_lineage(ir)
         key = signing.key_of(traced.config)
         folder = checkpoint.local_folder(self._checkpoint)
-        previous, from_batch = checkpoint.record_plan(folder, traced.fingerprint) if folder else (None, 0)
+        recorded = checkpoint.record_plan(folder, traced.fingerprint) if folder else None
+        previous = recorded.previous if recorded else None
         traced.shipper.publish_log(
             LOG_PLAN, query=traced.name, sink=spec.describe(), sink_guarantee=hook.sink.guarantee, ir=ir.to_dict(),
-            fingerprint=traced.fingerprint, previous_fingerprint=previous, from_batch=from_batch,
+            fingerprint=traced.fingerprint, previous_fingerprint=previous,
+            from_batch=recorded.from_batch if recorded else 0,
             changed=previous is not None and previous != traced.fingerprint,
+            plan_since=recorded.since if recorded else None,
+            previous_plan_since=recorded.previous_since if recorded else None,
             sources=[{**s.to_dict(), "columns_read": reads.get(s.node_id)} for s in traced.threaded.read],
+            column_lineage=column_transformations(ir), sink_location=self._sink_location(spark),
+            sink_schema=[[f.name, f.dataType.simpleString()] for f in schema.fields],
             state=[op.to_dict() for op in traced.threaded.state_ops],
             output_columns=[a.name for a in ir.output], at=time.time(), optimized=traced.optimized,
             black_boxes=[{**box.to_dict(), **signing.signed(traced.name, box.node_id, box.function, key)}
@@ -205,6 +214,29 @@ class TracedWriter:
         columns = [f.name for f in schema.fields]
         spec.partition_by = _normalized(spark, spec.partition_by, columns, "partition")
         spec.cluster_by = _normalized(spark, spec.cluster_by, columns, "clustering")
+
+    def _sink_location(self, spark) -> dict:
+        """Where the sink's rows go, as OpenLineage names datasets (``capture/openlineage.py``): a path as Spark
+        qualifies it (``file:/abs/out``, ``s3a://bucket/out``), a Kafka topic and its brokers, or a catalog
+        table's name; empty for the user's own code and Spark's console and memory sinks."""
+        spec = self._sink
+        if spec.table:
+            return {"table": spec.table}
+        if (spec.format or "").lower() == "kafka":
+            topic = option(spec.options, "topic")
+            servers = option(spec.options, "kafka.bootstrap.servers")
+            return {"kafka": {"bootstrap": servers, "topic": topic}} if topic and servers else {}
+        if not spec.path:
+            return {}
+        try:
+            jvm = spark._jvm
+            path = jvm.org.apache.hadoop.fs.Path(spec.path)
+            hadoop = spark._jsparkSession.sessionState().newHadoopConf()
+            return {"path": str(path.getFileSystem(hadoop).makeQualified(path).toString())}
+        except Exception:  # a file system Spark cannot reach yet: named as given
+            log.warning("the sink path %s could not be qualified; its OpenLineage name is the path as given",
+                        spec.path, exc_info=True)
+            return {"path": spec.path}
 
     def _needs_checkpoint(self, spark) -> bool:
         """Spark's rule: a sink other than the one-time ones needs a checkpoint, since a restart would

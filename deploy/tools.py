@@ -23,6 +23,14 @@
   the lineage tables with, ``format("delta")`` (``delta_spark_jars``), as a user's Spark would;
 - ``neo4j``: Neo4j 5 Community (``org.neo4j:neo4j``, which brings Neo4j's own server, ``neo4j-server``, and
   its admin tool), from Maven Central: a folder of jars, the classpath of ``headwater.deploy.neo4j_server``;
+- ``openlineage-schemas``: OpenLineage's own JSON schemas (spec 2-0-2's ``OpenLineage.json`` and the facets'
+  under ``facets/``, as OpenLineage 1.50.0 published them), which the tests check every event against. No
+  registry here serves OpenLineage's spec; the crate ``datafusion-openlineage`` (crates.io, pinned with its
+  digest) carries these files, byte for byte, as its test fixtures: its archive is downloaded and those files
+  taken, nothing built;
+- ``openlineage-spark``: OpenLineage's Spark agent (``io.openlineage:openlineage-spark_<Scala>``, one shaded jar)
+  for the installed pyspark's Scala version, from Maven Central: what ``bench/openlineage_events.py`` compares
+  headwater's events with;
 - ``chromium``: Debian's ``chromium``, which the explorer's browser tests drive with Playwright
   (never a browser of Playwright's own). A system package, not a folder of the cache: installed
   with apt-get when missing, which needs root.
@@ -64,6 +72,10 @@ KAFKA = (f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}", f"org.apache.kafka:kafk
 # Neo4j 5 Community: the 5.26 long-term-support line, which runs on Java 17 (Neo4j 2025.x needs Java 21).
 NEO4J_VERSION = "5.26.30"
 NEO4J = (f"org.neo4j:neo4j:{NEO4J_VERSION}",)
+# OpenLineage's schemas: the test fixtures of a crate (see the module's docstring), by its digest.
+OPENLINEAGE_SCHEMAS_CRATE = ("datafusion-openlineage", "0.0.12",
+                             "c3174cdfb83e6ada02b64b2684f696ca382886cae5ce98d12ec802bbb1392129")
+OPENLINEAGE_SPARK_VERSION = "1.53.0"
 # Delta's connector built against Spark 4.2 (4.0.x and 4.4.0's delta-spark_4.0 fail to load on it; 2026-12-05).
 DELTA_SPARK = ("io.delta:delta-spark_2.13:4.4.0",)
 
@@ -177,6 +189,44 @@ def spark_jars(line) -> Path:
     return cached(_maven_folder(coordinates), _maven(coordinates))
 
 
+def openlineage_schemas() -> Path:
+    """The folder of OpenLineage's JSON schemas: ``OpenLineage.json`` and ``facets/<Facet>.json``."""
+    name, version, digest = OPENLINEAGE_SCHEMAS_CRATE
+
+    def fetch(into: Path) -> None:
+        import hashlib
+        import io
+        import urllib.request
+
+        url = f"https://static.crates.io/crates/{name}/{name}-{version}.crate"
+        try:
+            with urllib.request.urlopen(url, timeout=120) as response:
+                packed = response.read()
+        except OSError as exc:
+            raise ToolUnavailable(f"downloading {url} failed: {exc}") from exc
+        if hashlib.sha256(packed).hexdigest() != digest:
+            raise ToolUnavailable(f"{url} is not the archive pinned (sha256 {digest})")
+        inside = f"{name}-{version}/tests/schemas/openlineage/"
+        with tarfile.open(fileobj=io.BytesIO(packed)) as archive:
+            for member in archive.getmembers():
+                if member.isfile() and member.name.startswith(inside) and member.name.endswith(".json"):
+                    target = into / member.name[len(inside):]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(archive.extractfile(member).read())  # type: ignore[union-attr]
+        if not (into / "OpenLineage.json").exists():
+            raise ToolUnavailable(f"{url} holds no {inside}OpenLineage.json")
+
+    return cached(f"crate-{name}-{version}-schemas", fetch)
+
+
+def openlineage_spark() -> Path:
+    """The folder of OpenLineage's Spark agent jar for the installed pyspark's Scala version."""
+    from headwater.adapters.spark_lines import installed
+
+    coordinates = (f"io.openlineage:openlineage-spark_{installed().scala}:{OPENLINEAGE_SPARK_VERSION}",)
+    return cached(_maven_folder(coordinates), _maven(coordinates))
+
+
 def delta_spark() -> Path:
     """The folder of Delta Lake's Spark connector jars (``DELTA_SPARK`` and ``delta-storage``)."""
     def fetch(into: Path) -> None:
@@ -217,7 +267,8 @@ TOOLS: dict[str, Callable[[], Path]] = {"prometheus": prometheus, "promtool": pr
                                         "grafana-schema": grafana_schema, "helm": helm,
                                         "compose-schema": compose_schema,
                                         "prometheus-operator-models": prometheus_operator_models,
-                                        "chromium": chromium}
+                                        "openlineage-schemas": openlineage_schemas,
+                                        "openlineage-spark": openlineage_spark, "chromium": chromium}
 
 
 def cached(name: str, fetch: Callable[[Path], None]) -> Path:

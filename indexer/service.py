@@ -334,6 +334,7 @@ class Indexer:
                                  {"optimized": record["optimized"], "sink": record.get("sink"),
                                   "sources": record.get("sources", []), "at": record.get("at"),
                                   "ir": record.get("ir"), "output_columns": record.get("output_columns"),
+                                  "sink_location": record.get("sink_location"),
                                   "state": record.get("state", []), "black_boxes": record.get("black_boxes", [])})
         elif record["schema"] in (LOG_BATCH, LOG_PROGRESS):
             fields = {k: v for k, v in record.items() if k not in ("schema", "query", "batch") and v is not None}

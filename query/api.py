@@ -40,8 +40,8 @@ from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from headwater.adapters.graph import GraphUnavailable
 from headwater.adapters.kafka import BrokerUnavailable, KafkaSourceError, record_at
 from headwater.core import config as configuration
+from headwater.core import openlineage, signing
 from headwater.core import rid as rids
-from headwater.core import signing
 from headwater.core.config import Config
 from headwater.core.offsets import offset_ranges
 from headwater.core.plan import accumulates, location_key
@@ -264,7 +264,8 @@ class LineageClient:
 
     def target(self, to: str, name: str = "to") -> str:
         """``to`` as a walk compares it with rows: a kind of row, or a dataset the kept plans have (a query's
-        sink given as the sink, ``parquet:/out``, is its query's name, which its rows carry).
+        sink given as the sink, ``parquet:/out``, is its query's name, which its rows carry), by headwater's name or
+        OpenLineage's (``kafka://broker:9092/orders``: ``Explainer.openlineage_names``).
 
         ``LineageError`` naming the datasets there are when no kept plan has it (a typo would
         otherwise be an empty, complete answer). With no plan kept, nothing tells, and ``to``
@@ -273,6 +274,11 @@ class LineageClient:
         if to in KINDS:
             return to
         explainer = self.explainer()
+        as_named = openlineage.parse(to)
+        if as_named is not None:  # an OpenLineage name: kafka://broker:9092/orders, file:/data/out, s3://bucket/out
+            ours = explainer.openlineage_names()
+            if as_named in ours:
+                return self.target(ours[as_named], name)
         known = explainer.datasets()
         if not known or to in known["queries"] or to in known["state"] or to in known["other"]:
             return to
@@ -288,7 +294,8 @@ class LineageClient:
             return to
         shorts = sorted({short for short in known["tables"].values() if short is not None})
         named = sorted(known["queries"]) + shorts + \
-            [f"kafka:{t}" for t in explainer.topics()] + sorted(known["state"]) + sorted(known["sinks"])
+            [f"kafka:{t}" for t in explainer.topics()] + sorted(known["state"]) + sorted(known["sinks"]) + \
+            sorted(n.uri for n in explainer.openlineage_names())
         more = f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED else ""
         raise LineageError(f"no kept plan has a dataset {to!r}: {name} is source, state or output, or one of "
                            f"{', '.join(named[:MAX_NAMED])}{more}")

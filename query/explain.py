@@ -54,8 +54,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from headwater.core import openlineage
 from headwater.core import rid as rids
 from headwater.core.offsets import partition_offsets
+from headwater.core.openlineage import DatasetName
 from headwater.core.plan import state_dataset
 from headwater.spark.catalyst import simple_name
 from headwater.spark.plan_json import expand_column, expr_id_or_none, flat_tree_or_none, named_expressions
@@ -653,6 +655,37 @@ class Explainer:
                             (found["other"] if source == "rate" else found["state"]).add(described["dataset"])
             self._datasets = (self._seen, found)
             return found
+
+    def openlineage_names(self) -> dict[DatasetName, str]:
+        """Each dataset the kept plans read or write, by its OpenLineage name (``headwater.core.openlineage``), as
+        headwater names it where ``LineageClient.target`` takes it: a Kafka topic ``kafka:TOPIC``, a file stream's
+        folder ``file:PATH``, a static table its dataset (``table:<identity>``), a sink the sink (``parquet:/out``).
+        A Kafka pattern's topics are those its latest batch read."""
+        found: dict[DatasetName, str] = {}
+        with self._lock:
+            plans = dict(self.refresh()._plans)
+        for query, versions in plans.items():
+            for _, plan in versions:
+                nodes = openlineage.plan_nodes(plan.plan["ir"]) if plan.plan.get("ir") else {}
+                for node_id, described in plan.sources.items():
+                    node = nodes.get(node_id)
+                    if node is None:
+                        continue
+                    kind = described.get("source")
+                    topics = self.topics(query) if kind == "kafka" and not openlineage.declared_topics(node) else ()
+                    if kind == "file":  # a file stream's rows are named by their files, under its folders
+                        for path in (node["detail"].get("location") or {}).get("paths") or []:
+                            found[openlineage.location(path)] = f"file:{rids_path(path)}"
+                        continue
+                    for read in openlineage.reads(node, topics):
+                        if kind == "kafka":
+                            found[read.name] = f"kafka:{read.name.name}"
+                        elif described.get("dataset"):
+                            found[read.name] = described["dataset"]
+                sink = openlineage.written(plan.plan)
+                if sink is not None and plan.sink:
+                    found[sink] = plan.sink
+        return found
 
     def output_columns(self, dataset_or_query: str) -> list[str] | None:
         """The output columns of the query of that name, or whose sink that dataset is."""

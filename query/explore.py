@@ -11,6 +11,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from headwater.core import openlineage
 from headwater.core.config import Config
 from headwater.core.offsets import offset_ranges
 from headwater.store.batch_log import BatchLog
@@ -97,6 +98,9 @@ class Explorer:
         """
         from . import where as selection
 
+        as_named = openlineage.parse(dataset)  # a sink by its OpenLineage name, as a catalog's page links to it
+        if as_named is not None:
+            dataset = self._explainer.openlineage_names().get(as_named, dataset)
         chosen = selection.check(dataset, where)  # the name and the predicate refused before any file is read
         with self._logs:
             sinks = sorted({q["sink"] for q in self._explainer.queries() if q["sink"]})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 STACK_FILE = "stack.json"
 CAPTURE_LEVELS = ("full", "log-only")
+OPENLINEAGE_MODES = ("auto", "on", "off")
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # Never written by ``to_dict``: the stack's state file is written from it, and keeps only the local graph's
@@ -65,10 +66,23 @@ class Config:
     # (``core/signing.py``, ``query/narrow``); without one, lineage through black boxes stays a superset.
     narrowing_key: str = field(default="", repr=False)
     narrowing_key_file: str = ""
+    # OpenLineage events of traced queries (capture/openlineage.py), sent by openlineage-python's client as it is
+    # configured (openlineage.yml, OPENLINEAGE_URL, OPENLINEAGE__TRANSPORT__…): "auto" sends them where such a
+    # configuration is found, "on" always (the client's console transport if none), "off" never.
+    openlineage: str = "auto"
+    openlineage_namespace: str = ""  # the jobs' namespace; "": $OPENLINEAGE_NAMESPACE, else "headwater"
+    openlineage_interval_s: float = 300.0  # a RUNNING event at most this often, with the batches since the last
+    # The query service's base URL, which the events' headwater_rowLineage facet tells catalogs to ask
+    # (``http://lineage.internal:8080``); "": the local stack's, where it runs.
+    query_url: str = ""
 
     def __post_init__(self):
         if self.capture not in CAPTURE_LEVELS:
             raise ValueError(f"capture={self.capture!r}: expected one of {', '.join(CAPTURE_LEVELS)}")
+        if self.openlineage not in OPENLINEAGE_MODES:
+            raise ValueError(f"openlineage={self.openlineage!r}: expected one of {', '.join(OPENLINEAGE_MODES)}")
+        if not self.openlineage_interval_s > 0:
+            raise ValueError(f"openlineage_interval_s must be more than 0 (not {self.openlineage_interval_s})")
         for name in ("topic_partitions", "topic_replication", "graph_write_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (not {getattr(self, name)})")
@@ -130,6 +144,15 @@ def _from_env() -> dict:
         if value is not None:
             found[f.name] = _CASTS.get(f.type, str)(value)
     return found
+
+
+def stack_ports(home: Path | None = None) -> dict:
+    """The ports the local stack of ``home`` (default: ``HEADWATER_HOME``) was started with: ``broker``, ``query``…;
+    empty where none was."""
+    try:
+        return dict(json.loads(((home or default_home()) / STACK_FILE).read_text()).get("ports") or {})
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def _from_stack(home: Path) -> dict:

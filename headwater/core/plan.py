@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence, TypedDict
+from typing import Any, Callable, Iterator, Sequence, TypedDict
 
 from headwater.spark.catalyst import STATEFUL_BLACK_BOXES, join_type, kind_of
 from headwater.spark.plan_json import (
@@ -26,6 +26,7 @@ from headwater.spark.plan_json import (
     attribute_ids,
     expand_column,
     expr_id,
+    is_a,
     named_expressions,
     plan_tree,
 )
@@ -120,6 +121,8 @@ def _plan_node(node_id: int, node: RawNode, children: list[PlanNode]) -> PlanNod
             str(expr_id(alias)): sorted(attribute_ids(named))
             for alias, named in aliases(named_expressions(fields))
         }
+        detail["transforms"] = {str(expr_id(alias)): _transform(named)
+                                for alias, named in aliases(named_expressions(fields))}
     elif kind == "Generate":
         reads = sorted(attribute_ids(fields.get("generator", [])))
         detail["derives"] = {str(expr_id(a)): reads for out in fields.get("generatorOutput", []) for a in out}
@@ -135,6 +138,7 @@ def _plan_node(node_id: int, node: RawNode, children: list[PlanNode]) -> PlanNod
             str(a["expr_id"]): sorted({c.output[i].expr_id for c in children if i < len(c.output)})
             for i, a in enumerate(node["output"])
         }
+        detail["transforms"] = {str(a["expr_id"]): "IDENTITY" for a in node["output"]}  # rows passed on as they are
     elif kind in ("Join", "LateralJoin"):
         # "none" for a record without a join type: what the IR has always said of one.
         detail["join_type"] = join_type(fields, missing="none")
@@ -150,8 +154,40 @@ def _plan_node(node_id: int, node: RawNode, children: list[PlanNode]) -> PlanNod
             detail["provider"] = fields["sourceName"]
     elif kind == "Unknown" and fields.get("class"):
         detail["spark_class_name"] = fields["class"]
+    # What an operator keeps rows by, groups or orders them by: lineage of every output column, not of one
+    # (OpenLineage's indirect column lineage; ``column_transformations``).
+    indirect: dict[str, set[int]] = {}
+    for use, key in _INDIRECT.get(kind, ()):
+        indirect.setdefault(use, set()).update(attribute_ids(_flattened(fields.get(key))))
+    if any(indirect.values()):
+        detail["indirect"] = {use: sorted(ids) for use, ids in indirect.items() if ids}
     output = [Attr(a["name"], a["expr_id"], a["dtype"]) for a in node["output"]]
     return PlanNode(node_id, kind, cls, node["streaming"], output, children, detail)
+
+
+# Per IR kind: (OpenLineage's indirect transformation, the plan JSON field of the expressions it is done by).
+_INDIRECT = {"Filter": (("FILTER", "condition"),), "Join": (("JOIN", "condition"),),
+             "Aggregate": (("GROUP_BY", "groupingExpressions"),), "Sort": (("SORT", "order"),),
+             "Window": (("WINDOW", "partitionSpec"), ("WINDOW", "orderSpec"))}
+# How an attribute is made from those it reads, weakest first (OpenLineage's direct transformation subtypes).
+TRANSFORMS = ("IDENTITY", "TRANSFORMATION", "AGGREGATION")
+
+
+def _flattened(value) -> list:
+    """A field's expressions as one flat run of nodes: one flat expression, or a list of them (Spark's JSON)."""
+    if not value:
+        return []
+    return [node for item in value for node in (item if isinstance(item, list) else [item])]
+
+
+def _transform(named: list) -> str:
+    """How the flat expression an alias names makes its value: a column passed on as it is (IDENTITY), an
+    aggregate function over rows (AGGREGATION), or anything else computed (TRANSFORMATION)."""
+    if len(named) == 1 and is_a(named[0], "AttributeReference"):
+        return "IDENTITY"
+    if any(is_a(node, "AggregateExpression") for node in named):
+        return "AGGREGATION"
+    return "TRANSFORMATION"
 
 
 def _fold_static(node: PlanNode) -> PlanNode:
@@ -291,6 +327,62 @@ def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
         name_of = {a.expr_id: a.name for a in source.output}
         lineage[source.id] = [sorted({name_of[i] for i in reads if i in name_of}) for reads in column_reads]
     return lineage
+
+
+def column_transformations(root: PlanNode) -> dict:
+    """OpenLineage's column lineage of the root's output: ``{"direct": [per output column: {source or black box
+    node id: {its column: transformation}}], "indirect": {node id: {its column: [indirect transformations]}}}``.
+
+    A direct transformation is the strongest made on any way from the source's column to the output column
+    (``TRANSFORMS``: a column renamed stays IDENTITY, one computed from is TRANSFORMATION, one aggregated
+    AGGREGATION). An indirect one is a source column that decides which rows there are or where they go (a
+    filter's condition, a join's, a grouping, an order, a window's), so every output column depends on it.
+    """
+    derives = derivation(root)
+    transforms = {int(out): kind for node in root.walk() for out, kind in node.detail.get("transforms", {}).items()}
+    leaves = lineage_leaves(root)
+
+    def reached(start: int) -> dict[int, str]:
+        """Every attribute ``start`` is computed from, itself included, with the strongest transformation."""
+        best: dict[int, str] = {}
+        stack = [(start, "IDENTITY")]
+        while stack:
+            expr_id, kind = stack.pop()
+            if expr_id in best and TRANSFORMS.index(best[expr_id]) >= TRANSFORMS.index(kind):
+                continue
+            best[expr_id] = kind
+            step = transforms.get(expr_id, "TRANSFORMATION" if expr_id in derives else "IDENTITY")
+            onward = TRANSFORMS[max(TRANSFORMS.index(kind), TRANSFORMS.index(step))]
+            stack.extend((i, onward) for i in derives.get(expr_id, ()))
+        return best
+
+    def by_leaf(found: dict[int, Any], through_box: Callable[[list], Any]) -> dict[int, dict[str, Any]]:
+        """``found`` (exprId → how) by leaf and column name; a black box's columns found stand for every column of
+        the sources under it (what the user's function read), each ``through_box(how its columns were found)``."""
+        named: dict[int, dict[str, Any]] = {}
+        for leaf in leaves:
+            columns = {a.name: found[a.expr_id] for a in leaf.output if a.expr_id in found}
+            if columns:
+                named.setdefault(leaf.id, {}).update(columns)
+            if columns and leaf.kind == "BlackBox":
+                how = through_box(list(columns.values()))
+                for source in leaf.sources():
+                    named.setdefault(source.id, {}).update({a.name: how for a in source.output})
+        return named
+
+    def opaque(kinds: list) -> str:
+        return max([*kinds, "TRANSFORMATION"], key=TRANSFORMS.index)
+
+    direct = [by_leaf(reached(a.expr_id), opaque) for a in root.output]
+    uses: dict[int, set[str]] = {}
+    for node in root.walk():
+        for use, ids in node.detail.get("indirect", {}).items():
+            for read in ids:
+                for found in reached(read):
+                    uses.setdefault(found, set()).add(use)
+    indirect = {leaf: {column: sorted(found) for column, found in columns.items()}
+                for leaf, columns in by_leaf(uses, lambda found: set().union(*found)).items()}
+    return {"direct": direct, "indirect": indirect}
 
 
 def plan_fingerprint(analyzed_json: str, places: Sequence[str] = ()) -> str:

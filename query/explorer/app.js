@@ -367,7 +367,8 @@
       window.location.hash = hashOf('/where', {dataset: dataset.value.trim(), where: where.value.trim()});
     }},
     el('h2', {}, 'Rows of a sink'),
-    el('p', {class: 'hint'}, 'A sink as lineage names it, and a SQL predicate over its columns.'),
+    el('p', {class: 'hint'}, 'A sink as lineage names it (or by its OpenLineage name, as a catalog shows it), ' +
+      'and a SQL predicate over its columns.'),
     el('div', {class: 'row'}, el('label', {for: 'dataset'}, 'Sink'), dataset, sinks),
     el('div', {class: 'row'}, el('label', {for: 'where'}, 'Where'), where, el('button', {type: 'submit'}, 'Find rows')));
     return el('section', {class: 'search'}, byRow, byPredicate);
@@ -381,6 +382,11 @@
   async function whereView(params) {
     const dataset = params.get('dataset') || '';
     const where = params.get('where') || '';
+    if (!where) {  // a catalog's link names the sink (its OpenLineage name, say): the predicate is the reader's
+      fill(main(), el('h1', {}, 'Rows of a sink'), searchForm(params),
+        el('p', {class: 'hint', id: 'where-ask'}, 'Give a predicate over the sink\'s columns to find its rows.'));
+      return;
+    }
     const out = el('section', {id: 'where-rows'}, el('p', {class: 'loading'}, 'Selecting rows…'));
     fill(main(), el('h1', {}, 'Rows of a sink'), searchForm(params), out);
     try {

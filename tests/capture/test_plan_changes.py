@@ -26,13 +26,13 @@ def test_fingerprint_ignores_attribute_numbering_only():
 
 def test_checkpoint_remembers_the_plan_and_the_batch_it_started_at(tmp_path):
     assert local_folder("s3a://bucket/cp") is None and local_folder(f"file:{tmp_path}") == tmp_path
-    assert record_plan(tmp_path, "aaa") == (None, 0)
+    assert record_plan(tmp_path, "aaa") == (None, 0, 0, None)
     (tmp_path / "commits").mkdir()
     for batch in ("0", "1", ".1.crc"):
         (tmp_path / "commits" / batch).write_text("v1")
-    assert record_plan(tmp_path, "aaa") == ("aaa", 2)
-    assert record_plan(tmp_path, "bbb") == ("aaa", 2)
-    assert record_plan(tmp_path, "bbb") == ("bbb", 2)
+    assert record_plan(tmp_path, "aaa") == ("aaa", 2, 0, None)  # the same plan since batch 0: its run goes on
+    assert record_plan(tmp_path, "bbb") == ("aaa", 2, 2, 0)  # a new plan from batch 2, the old one's from 0
+    assert record_plan(tmp_path, "bbb") == ("bbb", 2, 2, None)
 
 
 def test_a_restart_with_changed_code_is_logged_as_a_plan_change(spark, stack_config, tmp_path):

@@ -389,6 +389,30 @@ def test_format_table_shows_a_real_answer_in_words(demo):
 
 
 @pytest.mark.stack
+def test_to_takes_a_dataset_s_openlineage_name(demo):
+    """A catalog fed by the OpenLineage events names the demo's datasets as the events do: asked with those names,
+    the answers are those asked with headwater's own."""
+    from headwater.core.config import load
+
+    def answer(*args: str) -> list[dict]:
+        done = headwater(demo, "lineage", *args)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    topic = demo.source.split(":")[1]
+    kafka = f"kafka://{load(demo.home).bootstrap}/{topic}"
+    customers = f"file:{demo.home / 'demo' / 'customers.parquet'}"
+    assert answer("backward", "--rid", str(demo.rid), "--to", kafka) == \
+        answer("backward", "--rid", str(demo.rid), "--to", f"kafka:{topic}") != []
+    assert answer("backward", "--rid", str(demo.rid), "--to", customers) == \
+        answer("backward", "--rid", str(demo.rid), "--to", "customers") != []
+    assert answer("forward", "--source", demo.source, "--to", f"file:{demo.sink}") == \
+        answer("forward", "--source", demo.source, "--to", f"parquet:{demo.sink}") != []
+    unknown = headwater(demo, "lineage", "backward", "--rid", str(demo.rid), "--to", "kafka://elsewhere:9092/x")
+    assert unknown.returncode == 2 and kafka in json.loads(unknown.stderr)["error"]
+
+
+@pytest.mark.stack
 def test_a_question_takes_under_the_bar(demo):
     said = {}
     for name, args in (("backward", ("lineage", "backward", "--rid", str(demo.rid))),

@@ -21,7 +21,7 @@ import sys
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -259,6 +259,15 @@ def test_a_row_found_by_its_address_and_by_a_predicate(page, demo):
     page.shot("explorer-5-where")
     page.locator(f"#where-rows li:has(code:text-is('{demo.rid}')) a.rid-link").click()
     page.locator("#graph g.node[data-dataset='customers']").wait_for()
+    # as a catalog's page links to it (the OpenLineage events' headwater_rowLineage facet): the sink by its
+    # OpenLineage name, the predicate the reader's
+    page.goto(f"{demo.url}/#/where?dataset={quote(f'file:{sink}', safe='')}")
+    page.locator("#where-ask").wait_for()
+    assert page.locator("#dataset").input_value() == f"file:{sink}"
+    page.locator("#where").fill("order_id < 3")
+    page.locator("#search-where button[type=submit]").click()
+    page.locator("#where-count").wait_for()
+    assert [int(t) for t in page.locator("#where-rows code").all_text_contents()] == expected
 
 
 def test_a_gap_batch_of_a_log_only_run_links_to_the_rows_it_wrote(page, demo):
