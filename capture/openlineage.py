@@ -14,16 +14,17 @@ asks for them (``wanted``). Per traced query, one OpenLineage run per plan:
   ``columnLineage`` from the plan (``plan.column_transformations``: each column's direct transformation, and the
   columns that filter, join, group or order its rows as indirect ones); the job's ``jobType`` (``STREAMING``), the
   run's ``processing_engine``; rows read per input since the last event (``inputStatistics`` and
-  ``dataQualityMetrics``: Kafka's by the offsets read, a file stream's from Spark's progress), rows written
-  (``outputStatistics``).
+  ``dataQualityMetrics``, as Spark's progress counts them; a Kafka source reading several topics split among them
+  by the offsets read), rows written (``outputStatistics``).
 - ``headwater_rowLineage``, a run facet of headwater's own (its JSON schema ships beside this module,
   ``RowLineageRunFacet.json``): the capture level, the batches since the last event by capture status, and how to
   ask the row level (the query service's URL, the explorer's pages, the address forms).
 
 The tracer's threads only queue what they see (``observe``: the log records as they are sent; ``lifecycle``: a
 query's start and end, from the progress listener); a thread of this module's builds and sends the events, so a
-slow or absent catalog never slows a stream. An event that cannot be sent is logged and counted
-(``headwater_capture_openlineage_events{outcome="failed"}``), never retried: the next one carries the state.
+slow or absent catalog never slows a stream. An event that cannot be sent (after the client transport's own
+retries) is logged and counted (``headwater_capture_openlineage_events{outcome="failed"}``), not queued again: the
+next one carries the state.
 """
 
 from __future__ import annotations
@@ -369,9 +370,14 @@ class OpenLineageEvents:
             return None
         from openlineage.client import OpenLineageClient
 
+        try:
+            client = OpenLineageClient()
+        except Exception:  # a configuration the client refuses: the streams run, and the log says why no events
+            log.exception("OpenLineage events are off: openlineage-python's client refused its configuration")
+            return None
         conf = spark.sparkContext.getConf()
         metastore = conf.get("spark.hadoop.hive.metastore.uris", None) or conf.get("hive.metastore.uris", None)
-        return cls(OpenLineageClient(), config, spark.version, metastore)
+        return cls(client, config, spark.version, metastore)
 
     def observe(self, schema: str, record: dict) -> None:
         """A log record the tracer sent (the shipper's thread): plans, batches and progress."""

@@ -1,4 +1,5 @@
-"""Datasets named as OpenLineage's naming spec and its Spark agent name them, and back from the URI they form."""
+"""OpenLineage without Spark: datasets named as its naming spec and its Spark agent name them (and back from the URI
+they form), when events are sent, how runs are named, what a run counts between events."""
 
 import pytest
 
@@ -81,3 +82,14 @@ def test_the_rows_read_between_two_offsets_per_topic_and_a_batch_s_coverage():
         coverage.batch({"batch": batch, "status": status, "rows_out": 2, "edges": 3})
     assert coverage.statuses == {"full": 1, "sampled": 1, "log-only": 1, "failed": 1}
     assert (coverage.first, coverage.last, coverage.rows_out, coverage.edges, coverage.batches) == (3, 6, 8, 12, 4)
+
+
+def test_a_configuration_the_client_refuses_leaves_events_off_and_says_why(monkeypatch, tmp_path, caplog):
+    from headwater.capture.openlineage import OpenLineageEvents
+
+    bad = tmp_path / "openlineage.yml"
+    bad.write_text("transport:\n  type: nonsense\n")
+    monkeypatch.setenv("OPENLINEAGE_CONFIG", str(bad))
+    with caplog.at_level("ERROR", logger="headwater.capture"):
+        assert OpenLineageEvents.start(spark=None, config=Config()) is None
+    assert "OpenLineage events are off" in caplog.text
