@@ -99,7 +99,7 @@ def produce(bootstrap: str, topic: str, rate: float, stop: threading.Event, data
     try:
         while not stop.is_set():
             due = int((time.monotonic() - started) * rate) - sent
-            for key, value in data.order_events(due, seed=sent)[:due] if due > 0 else ():
+            for key, value in data.order_events(due, seed=sent) if due > 0 else ():
                 client.send(topic, key=key, value=value)
             sent += max(due, 0)
             client.flush(timeout=30)

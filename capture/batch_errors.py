@@ -60,13 +60,13 @@ def _causes(java_exception) -> list[tuple[str, str]]:
     """Each Java cause's class name and first line of message, outermost first."""
     causes: list[tuple[str, str]] = []
     while java_exception is not None and len(causes) < MOST_CAUSES:
-        line = _first_line(str(java_exception.getMessage() or ""))[:MOST_LINE]
+        line = first_line(str(java_exception.getMessage() or ""))[:MOST_LINE]
         causes.append((java_exception.getClass().getName(), line.replace(PY4J_ERROR, "Py4JJavaError:")))
         java_exception = java_exception.getCause()
     return causes
 
 
-def _first_line(message: str) -> str:
+def first_line(message: str) -> str:
     """What a Java exception's message says first: its first line, or for a Python worker's traceback (Spark 3.5
     gives one as the message of a ``PythonException``), its last line, the Python exception itself."""
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]

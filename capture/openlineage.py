@@ -37,6 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
@@ -61,10 +62,12 @@ from openlineage.client.facet_v2 import (
 from headwater import __version__
 from headwater.core import openlineage as names
 from headwater.core.config import Config, stack_ports
+from headwater.core.offsets import partition_offsets
 from headwater.core.openlineage import DatasetName
 from headwater.core.schema import LOG_BATCH, LOG_PLAN, LOG_PROGRESS
 
 from . import metrics
+from .batch_errors import first_line
 
 log = logging.getLogger("headwater.capture")
 
@@ -180,7 +183,7 @@ class QueryRun:
         facets: dict[str, RunFacet] = {}
         if exception:
             facets["errorMessage"] = error_message_run.ErrorMessageRunFacet(
-                message=_first_line(exception),
+                message=first_line(exception) or exception,
                 programmingLanguage="PYTHON" if "Traceback (most recent call last)" in exception else "JAVA",
                 stackTrace=exception, producer=PRODUCER)
         return self._event(RunState.FAIL if exception else RunState.COMPLETE, now, facets)
@@ -192,8 +195,8 @@ class QueryRun:
     def progress(self, record: dict) -> None:
         """Rows read since the last event, from a batch's progress record: each source's as Spark counts them, a
         Kafka source reading several topics split among them by the offsets it read."""
-        kafka = [n for n in self.source_nodes() if n["detail"].get("source") == "kafka"]
-        files = [path for n in self.source_nodes() if n["detail"].get("source") == "file"
+        kafka = [n for n in self.source_nodes if n["detail"].get("source") == "kafka"]
+        files = [path for n in self.source_nodes if n["detail"].get("source") == "file"
                  for path in (n["detail"].get("location") or {}).get("paths") or []]
         for source in record.get("sources") or []:
             end, rows = source.get("end"), int(source.get("rows_in") or 0)
@@ -250,7 +253,9 @@ class QueryRun:
 
     # -- datasets -----------------------------------------------------------------------------------------
 
+    @cached_property
     def source_nodes(self) -> list[dict]:
+        """The plan's source nodes: a run's plan does not change."""
         return [n for n in names.plan_nodes(self.plan["ir"]).values() if n["kind"] == "Source"]
 
     def kafka_topics(self, node: dict) -> list[str]:
@@ -270,7 +275,7 @@ class QueryRun:
 
     def inputs(self) -> list[InputDataset]:
         seen: dict[DatasetName, InputDataset] = {}
-        for node in self.source_nodes():
+        for node in self.source_nodes:
             for name, facets in self.leaf_datasets(node):
                 if name not in seen:
                     seen[name] = InputDataset(namespace=name.namespace, name=name.name,
@@ -296,7 +301,7 @@ class QueryRun:
         found = self.plan.get("column_lineage")
         if not found:
             return None
-        sources = {n["id"]: n for n in self.source_nodes()}
+        sources = {n["id"]: n for n in self.source_nodes}
         by_leaf = {leaf: [name for name, _ in self.leaf_datasets(sources[leaf])] for leaf in sources}
 
         def fields(columns: dict[str, dict[str, Any]], make: Callable[[Any], list]) -> list:
@@ -459,12 +464,14 @@ class OpenLineageEvents:
         metrics.OPENLINEAGE_EVENTS.labels(query, state, "sent").inc()
 
 
-def _offsets_read(start, end: dict) -> dict[str, int]:
-    """Records read per topic between two of Kafka's offsets (``{topic: {partition: offset}}``); a partition with
-    no start (the query's first batch) counts none."""
-    begun = start if isinstance(start, dict) else {}
-    return {topic: sum(max(int(offset) - int((begun.get(topic) or {}).get(p, offset)), 0)
-                       for p, offset in partitions.items()) for topic, partitions in end.items()}
+def _offsets_read(start, end) -> dict[str, int]:
+    """Records read per topic between two of a Kafka source's offsets (``offsets.partition_offsets`` reads them); a
+    partition with no start (the query's first batch) counts none."""
+    begun = partition_offsets(start)
+    counts: dict[str, int] = {}
+    for (topic, partition), offset in partition_offsets(end).items():
+        counts[topic] = counts.get(topic, 0) + max(offset - begun.get((topic, partition), offset), 0)
+    return counts
 
 
 def _source(name: DatasetName) -> datasource_dataset.DatasourceDatasetFacet:
@@ -474,11 +481,6 @@ def _source(name: DatasetName) -> datasource_dataset.DatasourceDatasetFacet:
 def _camel(status: str) -> str:
     head, *rest = status.split("-")
     return head + "".join(part.title() for part in rest)
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else text
 
 
 def _iso(seconds: float) -> str:

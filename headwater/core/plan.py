@@ -309,24 +309,34 @@ def column_masks(root: PlanNode) -> dict[int, int]:
 def column_lineage(root: PlanNode) -> dict[int, list[list[str]]]:
     """Per source or black-box node id: for each of the root's output columns, the names
     of that source's columns it is computed from (empty: none of them)."""
-    derives = derivation(root)
-
-    def reached(expr_id: int, seen: set[int]) -> set[int]:
-        """Every attribute ``expr_id`` is computed from, itself included."""
-        if expr_id in seen:
-            return set()
-        seen.add(expr_id)
-        found = {expr_id}
-        for i in derives.get(expr_id, ()):
-            found |= reached(i, seen)
-        return found
-
-    column_reads = [reached(a.expr_id, set()) for a in root.output]
+    derives, transforms = derivation(root), _transforms(root)
+    column_reads = [set(_reached(a.expr_id, derives, transforms)) for a in root.output]
     lineage = {}
     for source in lineage_leaves(root):
         name_of = {a.expr_id: a.name for a in source.output}
         lineage[source.id] = [sorted({name_of[i] for i in reads if i in name_of}) for reads in column_reads]
     return lineage
+
+
+def _transforms(root: PlanNode) -> dict[int, str]:
+    """exprId → how the operator making it makes it (``TRANSFORMS``), where the IR says."""
+    return {int(out): kind for node in root.walk() for out, kind in node.detail.get("transforms", {}).items()}
+
+
+def _reached(start: int, derives: dict[int, set[int]], transforms: dict[int, str]) -> dict[int, str]:
+    """Every attribute ``start`` is computed from (``derivation``), itself included, with the strongest
+    transformation on any way there."""
+    best: dict[int, str] = {}
+    stack = [(start, "IDENTITY")]
+    while stack:
+        expr_id, kind = stack.pop()
+        if expr_id in best and TRANSFORMS.index(best[expr_id]) >= TRANSFORMS.index(kind):
+            continue
+        best[expr_id] = kind
+        step = transforms.get(expr_id, "TRANSFORMATION" if expr_id in derives else "IDENTITY")
+        onward = TRANSFORMS[max(TRANSFORMS.index(kind), TRANSFORMS.index(step))]
+        stack.extend((i, onward) for i in derives.get(expr_id, ()))
+    return best
 
 
 def column_transformations(root: PlanNode) -> dict:
@@ -338,23 +348,8 @@ def column_transformations(root: PlanNode) -> dict:
     AGGREGATION). An indirect one is a source column that decides which rows there are or where they go (a
     filter's condition, a join's, a grouping, an order, a window's), so every output column depends on it.
     """
-    derives = derivation(root)
-    transforms = {int(out): kind for node in root.walk() for out, kind in node.detail.get("transforms", {}).items()}
+    derives, transforms = derivation(root), _transforms(root)
     leaves = lineage_leaves(root)
-
-    def reached(start: int) -> dict[int, str]:
-        """Every attribute ``start`` is computed from, itself included, with the strongest transformation."""
-        best: dict[int, str] = {}
-        stack = [(start, "IDENTITY")]
-        while stack:
-            expr_id, kind = stack.pop()
-            if expr_id in best and TRANSFORMS.index(best[expr_id]) >= TRANSFORMS.index(kind):
-                continue
-            best[expr_id] = kind
-            step = transforms.get(expr_id, "TRANSFORMATION" if expr_id in derives else "IDENTITY")
-            onward = TRANSFORMS[max(TRANSFORMS.index(kind), TRANSFORMS.index(step))]
-            stack.extend((i, onward) for i in derives.get(expr_id, ()))
-        return best
 
     def by_leaf(found: dict[int, Any], through_box: Callable[[list], Any]) -> dict[int, dict[str, Any]]:
         """``found`` (exprId → how) by leaf and column name; a black box's columns found stand for every column of
@@ -373,12 +368,12 @@ def column_transformations(root: PlanNode) -> dict:
     def opaque(kinds: list) -> str:
         return max([*kinds, "TRANSFORMATION"], key=TRANSFORMS.index)
 
-    direct = [by_leaf(reached(a.expr_id), opaque) for a in root.output]
+    direct = [by_leaf(_reached(a.expr_id, derives, transforms), opaque) for a in root.output]
     uses: dict[int, set[str]] = {}
     for node in root.walk():
         for use, ids in node.detail.get("indirect", {}).items():
             for read in ids:
-                for found in reached(read):
+                for found in _reached(read, derives, transforms):
                     uses.setdefault(found, set()).add(use)
     indirect = {leaf: {column: sorted(found) for column, found in columns.items()}
                 for leaf, columns in by_leaf(uses, lambda found: set().union(*found)).items()}
