@@ -277,7 +277,7 @@ class EdgeStore:
         ``name``); each returns the table and the files it committed."""
         commits: list[Callable[[str, int, int, str], _Committed]] = []
         rows = records.get("rows")
-        if rows is not None:
+        if rows is not None and rows.num_rows:  # a file of no rows has no statistics, so no range (``range_of``)
             def commit_rows(store: str, first: int, last: int, name: str) -> _Committed:
                 file = self.tables.rows.write_file(_complete(_constant(rows, store, first, last),
                                                              self.tables.rows.file_schema),

@@ -83,7 +83,7 @@ class Snapshot:
         """The rows records of the shards' ranges no generation holds (of the writes that committed them)."""
         writes = {write_of(f) for f in self.shard_files}
         return [f["path"] for f in self.tables.rows.files().to_pylist()
-                if f["partition.generation"] == SHARD_GENERATION and write_of(f) in writes]
+                if f["partition.generation"] == SHARD_GENERATION and f.get("min.store") and write_of(f) in writes]
 
     def current(self) -> "Generation | None":
         return Generation(self) if self.generation else None

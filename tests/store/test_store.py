@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from headwater.store.edges import STORE_SCHEMA, EdgeStore, LineageTables, ShardMoved, with_src_sets
+from headwater.store.edges import SHARD_GENERATION, STORE_SCHEMA, EdgeStore, LineageTables, ShardMoved, with_src_sets
+from headwater.store.generation import Snapshot
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.stack)])
@@ -54,6 +55,21 @@ def test_a_replayed_range_is_not_written_twice(where):
     assert EdgeStore(where, "edges", 0, buckets=4).append(a, 12, 19) == 0  # another writer of it: the table says
     assert store.read().num_rows == a.num_rows
     assert store.resume() == 20
+
+
+def test_a_write_of_no_rows_records_leaves_the_rows_readable(where):
+    """A range whose batch recorded no rows writes no rows file; one that an earlier writer wrote empty (no
+    statistics, so no range) is passed over by every reader of the shards' rows."""
+    store = EdgeStore(where, "edges", 0)
+    store.append(edges(4), 0, 9, records={"rows": pa.table({"rid": pa.array([], pa.int64()),
+                                                             "set": pa.array([], pa.int64())})})
+    assert store.tables.rows.version() is None
+    store.append(edges(5), 10, 19, records={"rows": pa.table({"rid": [7], "set": [7]})})
+    rows = store.tables.rows
+    empty = rows.write_file(rows.file_schema.empty_table(), {"generation": SHARD_GENERATION}, name="p0.e0.wempty")
+    rows.commit([empty])
+    assert len(Snapshot.of(where, "edges").shard_rows_files()) == 1
+    assert store.records("rows")["rid"].to_pylist() == [7]
 
 
 def test_two_writers_of_one_range_at_once_commit_it_once(where):
