@@ -124,6 +124,11 @@ def query_command(home: Path, port: int) -> list[str]:
             "--port", str(port), "--token-file", str(home / TOKEN_FILE)]
 
 
+def narrow_command(home: Path) -> list[str]:
+    """The narrowing part: black boxes' batches narrowed ahead of the questions (query/README.md)."""
+    return [sys.executable, "-m", "headwater.cli", "--home", str(home), "narrow", "--follow"]
+
+
 def token(home: Path, name: str = TOKEN_FILE) -> str:
     """The query part's token (or another secret of the home: ``name``), generated on first use and kept
     (owner-only) across ups."""
@@ -171,10 +176,10 @@ def server_name(part: str) -> str:
     from .tools import KAFKA_VERSION, NEO4J_VERSION
 
     return {"broker": f"Apache Kafka {KAFKA_VERSION} (KRaft)", "graph": f"Neo4j {NEO4J_VERSION} Community",
-            "query": "headwater serve"}[part]
+            "query": "headwater serve", "narrow": "headwater narrow --follow"}[part]
 
 # The parts in the order they start; each is stopped in the reverse order.
-PARTS = ("broker", "graph", "query")
+PARTS = ("broker", "graph", "query", "narrow")
 
 
 def _marker(name: str, home: Path) -> str:
@@ -183,6 +188,8 @@ def _marker(name: str, home: Path) -> str:
         return broker_server(home, DEFAULT_PORTS).marker
     if name == "graph":
         return graph_server(home, DEFAULT_PORTS).marker
+    if name == "narrow":
+        return f"headwater.cli --home {home} narrow --follow"
     return f"headwater.cli --home {home} serve"
 
 
@@ -258,6 +265,8 @@ class Stack:
             parts["query"]["config"] = json.loads(json.dumps(served, default=str))
         self._save(state)
         self._wait_query(ports["query"], deadline)
+        self._start(parts, "narrow", lambda: narrow_command(self.home), [])
+        self._save(state)
         return self.status()
 
     def _start(self, parts: dict, name: str, command: Callable[[], list[str]], part_ports: list[int]) -> bool:
@@ -350,7 +359,7 @@ class Stack:
         found = []
         for name, part_ports in (("broker", {"kafka": ports["broker"], "controller": ports.get("controller")}),
                                  ("graph", {"bolt": ports["bolt"], "http": ports["graph_http"]}),
-                                 ("query", {"http": ports.get("query")})):
+                                 ("query", {"http": ports.get("query")}), ("narrow", {})):
             pid = parts.get(name, {}).get("pid")
             running = _alive(pid, _marker(name, self.home))
             healthy, detail = False, parts.get(name, {}).get("log", "not started")
@@ -360,11 +369,13 @@ class Stack:
                         list_topics(config.bootstrap, timeout_s=3)
                     elif name == "graph":
                         wait_ready(config, timeout_s=3)
+                    elif name == "narrow":
+                        pass  # it runs: it follows the batch log (its log says what it narrows)
                     else:
                         problem = healthz(ports["query"])
                         if problem is not None:
                             raise StackError(problem)
-                    healthy, detail = True, "answers"
+                    healthy, detail = True, "answers" if name != "narrow" else "follows the batch log"
                 except (BrokerUnavailable, GraphUnavailable, StackError) as exc:
                     detail = str(exc)
             found.append(PartStatus(name, pid if running else None, running, healthy, part_ports, detail,

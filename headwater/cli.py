@@ -298,14 +298,33 @@ def store_migrate(ctx: click.Context, old: Path) -> None:
 
 
 @main.command("narrow")
-@click.option("--query", "query", required=True, help="The traced query's name.")
-@click.option("--op", type=int, required=True, help="The black box's plan node id (an answer's ops, or its operators).")
-@click.option("--batch", "batches", type=int, multiple=True, required=True, help="A batch to narrow (repeatable).")
+@click.option("--query", "query", default=None, help="The traced query's name.")
+@click.option("--op", type=int, default=None, help="The black box's plan node id (an answer's ops, or its operators).")
+@click.option("--batch", "batches", type=int, multiple=True, help="A batch to narrow (repeatable).")
+@click.option("--follow", is_flag=True,
+              help="Narrow every black-box batch the batch log holds, oldest first, then each new one soon after it "
+                   "is indexed, until SIGINT or SIGTERM (what the stack and the Helm chart run).")
+@click.option("--once", is_flag=True, help="With --follow: narrow what waits now, then exit.")
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="With --follow: serve /metrics (headwater_narrowing_*) and /healthz at this port, on the "
+                   "metrics_host setting's address; 0: none.")
 @click.pass_context
-def narrow(ctx: click.Context, query: str, op: int, batches: tuple[int, ...]) -> None:
-    """Narrow a black box's batches now by re-running its function (query/README.md), one line each."""
-    from headwater.query.api import LineageClient
+def narrow(ctx: click.Context, query: str | None, op: int | None, batches: tuple[int, ...], follow: bool, once: bool,
+           metrics_port: int) -> None:
+    """Narrow black boxes' batches by re-running their functions (query/README.md): the batches given, now, one
+    line each; or, with --follow, every one ahead of the questions."""
     from headwater.query.errors import LineageError
+
+    if follow:
+        if query is not None or op is not None or batches:
+            _fail("--follow narrows every black-box batch: give it no --query, --op or --batch")
+        _follow(_config(ctx), once, metrics_port)
+        return
+    if once or metrics_port:
+        _fail("--once and --metrics-port go with --follow")
+    if query is None or op is None or not batches:
+        _fail("give --query, --op and at least one --batch, or --follow")
+    from headwater.query.api import LineageClient
 
     with LineageClient(_config(ctx)) as client:
         for batch in batches:
@@ -313,6 +332,42 @@ def narrow(ctx: click.Context, query: str, op: int, batches: tuple[int, ...]) ->
                 _emit(client.narrow(query, op, batch))
             except LineageError as exc:
                 _fail(str(exc), query=query, op=op, batch=batch)
+
+
+def _follow(config, once: bool, metrics_port: int) -> None:
+    import signal
+    import threading
+
+    from headwater.adapters import health_http
+    from headwater.query.errors import LineageError
+    from headwater.query.narrow.follow import Follower
+
+    try:
+        follower = Follower(config, say=lambda s: click.echo(s, err=True))
+    except LineageError as exc:
+        _fail(str(exc))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        server = health_http.serve(config.metrics_host, metrics_port, lambda: {}) if metrics_port else None
+    except OSError as exc:
+        follower.close()
+        _fail(str(exc))
+    narrowed, waiting = 0, 0
+    try:
+        if once:
+            narrowed = follower.once()
+            waiting = len(follower.waiting())
+        else:
+            click.echo("narrowing black-box batches ahead of the questions (Ctrl-C to stop)", err=True)
+            follower.run(stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.shutdown()
+        follower.close()
+    _emit({"narrowed": narrowed, "waiting": waiting} if once else {"stopped": True})
 
 
 @main.group()
@@ -393,7 +448,23 @@ class _Answers:
 
     def __exit__(self, *exc) -> None:
         if self._client is not None:
+            self._finish_narrowing(self._client)
             self._client.close()
+
+    @staticmethod
+    def _finish_narrowing(client: "LineageClient") -> None:
+        """The narrowings the answers started (they said ``pending``), run to their end before the process
+        exits, so that the next question finds them; said on stderr, the answers already printed."""
+        narrower = client._narrower
+        under_way = narrower.under_way() if narrower is not None else []
+        if narrower is None or not under_way:
+            return
+        click.echo(f"narrowing {len(under_way)} black-box batch(es) by re-execution for the next questions "
+                   f"(Ctrl-C leaves it to a later question or to headwater narrow --follow)", err=True)
+        try:
+            narrower.wait()
+        except KeyboardInterrupt:
+            click.echo("narrowing stopped", err=True)
 
     def _fail(self, exc: Exception) -> NoReturn:
         from headwater.adapters.graph import GraphUnavailable
@@ -605,7 +676,13 @@ def _in_words(summary: dict) -> str:
                     f"or is not indexed yet): {rows}.")
     for n in summary.get("narrowed") or []:
         how = f"narrowed by re-running it ({n.get('kind')}{', exact' if n.get('exact') else ''})" \
-            if n.get("kind") != "superset" else f"not narrowed: {n.get('reason')}"
+            if n.get("kind") not in ("superset", "pending") else f"not narrowed: {n.get('reason')}"
+        superset = n.get("superset")
+        if superset:
+            read = ", ".join(f"{r['topic']}:{r['partition']} offsets {r['from']} to {r['to'] - 1}"
+                             for r in superset.get("read") or [])
+            how += (f"; its {superset.get('rows_read'):,} rows read are not listed" + (f" ({read})" if read else "")
+                    + (f", tables {', '.join(superset['tables'])}" if superset.get("tables") else ""))
         said.append(f"Black box {n.get('op')} of {n.get('query')}, batch {n.get('batch')}: {how}.")
     read_by = summary.get("read_by") or []
     if read_by:

@@ -119,8 +119,12 @@ def choices() -> list[str]:
 
 class LineageClient:
     def __init__(self, config: Config | None = None, backend: str = "auto", max_reach: int = MAX_REACH,
-                 timeout_s: float = TIMEOUT_S):
+                 timeout_s: float = TIMEOUT_S, narrow_wait_s: float = 0.0):
+        """``narrow_wait_s``: how long a question that meets a black box's batch not narrowed yet waits for its
+        narrowing (started then, in the background) before it answers with the flagged superset, the batch's
+        ``narrowed`` entry saying ``kind: pending``. 0, the default: it answers at once."""
         self.config = config or configuration.load()
+        self.narrow_wait_s = narrow_wait_s
         if backend not in choices():
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(choices())}")
         self.names = AUTO if backend == "auto" else (backend,)
@@ -146,6 +150,8 @@ class LineageClient:
         self.close()
 
     def close(self) -> None:
+        if self._narrower is not None:
+            self._narrower.close()
         for backend in self._backends.values():
             backend.close()
 
@@ -161,7 +167,7 @@ class LineageClient:
         """The narrowing of black boxes by re-execution (``narrow/``), shared by every backend; None without a
         narrowing key (answers through black boxes stay supersets)."""
         if self._narrower is None and signing.key_of(self.config) is not None:
-            self._narrower = Narrower(self.config)
+            self._narrower = Narrower(self.config, wait_s=self.narrow_wait_s)
         return self._narrower
 
     def narrow(self, query: str, op: int, batch: int) -> dict:
@@ -173,7 +179,9 @@ class LineageClient:
         if box is None:
             raise LineageError(f"query {query!r} has no black box {op} in its kept plan")
         backend = self._backend(self.names[0])
-        return narrower.narrow(box, batch, backend).summary()
+        found = narrower.narrow(box, batch, backend)
+        assert found is not None, "not exclusive: narrowed whoever else holds the batch"
+        return found.summary()
 
     def _first_store_with(self, rid: int, backward: bool) -> tuple[WalkingBackend, StoreAccess]:
         """The first backend (of ``names``) whose store holds ``rid``, and a question walking from it there."""
@@ -543,9 +551,11 @@ class LineageClient:
         gaps = [Gap(query, batch, status) for (query, batch), status in sorted(statuses.items())
                 if status != "full"]
         unexplained = {}
+        # A pending black box's node the walk stopped at: its superset is described in ``narrowed``.
+        held = backend.narrower.held_back if backend.narrower is not None else set()
         for walked, records, backward in legs:
             if backward:  # a row that is not a source but has no recorded inputs
-                for row in walked.ends:
+                for row in walked.ends - held:
                     record = records.get(row, {})
                     if record.get("kind") != "source":
                         unexplained[row] = {"rid": row, "kind": record.get("kind"), "dataset": record.get("dataset")}

@@ -363,6 +363,10 @@ class BatchLog:
             merged.update(fields)
         return merged
 
+    def queries(self) -> list[str]:
+        """Every query the log holds a batch of."""
+        return sorted({q for partition in self._partitions for q, _ in partition.batches()})
+
     def batches(self, query: str) -> list[int]:
         """Every batch of ``query`` the log holds an entry of, in order."""
         return sorted({batch for partition in self._partitions for q, batch in partition.batches() if q == query})

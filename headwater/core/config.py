@@ -107,8 +107,7 @@ class Config:
         return str(self.store_path())
 
     def store_path(self) -> Path:
-        """A local folder of the store: the store itself, or for a store in S3 ``<home>/store``, where the
-        narrowed lineage is kept (a cache, made again when lost; query/README.md)."""
+        """A local folder of the store: the store itself, or for a store in S3 ``<home>/store``."""
         if self.store_dir and not self.store_dir.startswith("s3://"):
             return Path(self.store_dir).absolute()
         return default_home() / "store"

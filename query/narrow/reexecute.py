@@ -9,7 +9,16 @@ its digest (``rid.box_output_digests``), the name capture gave the output rows o
 Cui and Widom's classes, each verified on this batch, never assumed:
 
 - **dispatcher**: ``f(I) = ⊎ f({i})`` over the input rows (multisets of output rows): an output row derives
-  from each input row whose own run yields it;
+  from each input row whose own run yields it. Up to ``ALONE_ROWS`` rows, every row is run alone. Past that,
+  one call per row costs about a millisecond of the user's pandas (17 minutes for 1,000,000 rows), so the
+  input is cut into chunks of ``CHUNK_ROWS`` and each chunk is run whole and in its two halves by each bit
+  of a row's place in it (``Coded``): ``f(C) = f(A_j) ⊎ f(C - A_j)`` is checked for every bit j, and an
+  output row made by one row (k times) is in ``f(A_j)`` k times for the bits of its row's place and never
+  for the others, which names the row in 2·log2(c) calls. Output rows alike from several rows (some bit
+  splits their copies) are told apart by halving
+  the rows that made them until one is left (``_resolve``). Then ``SAMPLE_ROWS`` rows of each chunk are
+  run alone, each checked to give exactly the rows decoded for it, and the chunks' outputs must add up to
+  ``f(I)``. ``verified`` says which check the batch passed;
 - **grouped**: ``f(I) = ⊎ f(G)`` over the groups of a key (``applyInPandas``'s own key, or, for a map, the
   first input column that verifies it): an output row derives from the rows of the groups that yield it;
 - **per key** (a stateful function): replayed batch after batch from the query's first, each key's state
@@ -28,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
 from headwater.adapters import spark_lines
@@ -43,7 +53,12 @@ SUPPORTED = (MAP_PANDAS, GROUPED_PANDAS, MAP_ARROW, GROUPED_WITH_STATE)
 MAX_GROUPING_CALLS = 4  # a map tried as grouped by its columns: at most this many calls per input row in all
 PROBE_ROWS = 32  # rows of a map's input run alone and together before every row is run alone
 PARALLEL_CALLS = 2000  # from this many calls on, forked copies of the worker share them
+PARALLEL_ROWS = 200_000  # or from this many rows in all (big calls: the coded runs)
 MAX_FORKS = 4
+ALONE_ROWS = 4096  # up to this many rows, a dispatcher is verified by running every row alone
+CHUNK_ROWS = 1 << 16  # rows of one chunk of a dispatcher's coded runs
+SAMPLE_ROWS = 64  # rows of each chunk run alone and checked against what the coded runs decoded for them
+RESOLVE_CALLS = 0.5  # calls per row of a chunk at most, telling apart the rows that made output rows alike
 
 
 @dataclass
@@ -58,6 +73,7 @@ class Narrowed:
     # for a stateful black box, whose rows come from earlier batches too
     lineage: dict[int, list] = field(default_factory=dict)
     calls: int = 0
+    verified: str = ""  # how the class was checked on the batch (a dispatcher: every row alone, or coded runs)
 
     def to_dict(self) -> dict:
         """As the worker hands it on: each distinct set of input rows once (``sets``), and per output digest
@@ -71,7 +87,7 @@ class Narrowed:
             set_of.append(shared[id(rows)])
         return {"kind": self.kind, "exact": self.exact, "reason": self.reason, "deterministic": self.deterministic,
                 "digests": list(self.lineage), "set_of": set_of, "sets": [[_plain(r) for r in rows] for rows in index],
-                "calls": self.calls}
+                "calls": self.calls, "verified": self.verified}
 
 
 class Function:
@@ -134,12 +150,17 @@ class Function:
         shared by forked copies of this process, one per core (``PARALLEL_CALLS``)."""
         self.calls += len(groups)
         workers = min(os.cpu_count() or 1, MAX_FORKS)
-        if len(groups) < PARALLEL_CALLS or workers < 2 or self.eval_type == MAP_ARROW:
+        many = len(groups) >= PARALLEL_CALLS or (len(groups) >= workers and sum(map(len, groups)) >= PARALLEL_ROWS)
+        if not many or workers < 2 or self.eval_type == MAP_ARROW:
             return self._run(table, groups)
         self._frames(table)  # made before the fork: the copies share them
         global _FORKED
         _FORKED = (self, table, groups)
-        chunks = [(i * len(groups) // workers, (i + 1) * len(groups) // workers) for i in range(workers)]
+        # Contiguous shares of about equal rows (the coded runs' calls differ in size).
+        ends = np.cumsum([len(g) for g in groups])
+        cuts = [0, *np.searchsorted(ends, [ends[-1] * i / workers for i in range(1, workers)], side="right"),
+                len(groups)]
+        chunks = [(int(a), int(b)) for a, b in zip(cuts, cuts[1:]) if b > a]
         import multiprocessing
 
         with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -278,19 +299,26 @@ def narrow_stateless(fn: Function, table: pa.Table, complete_digest: bool) -> Na
     if _total(fn.run(table, whole)) != first:
         return Narrowed("superset", False, "non-deterministic: two runs on the batch's input gave different rows",
                         False, calls=fn.calls)
+    partial = "" if complete_digest else _PARTIAL
     # A probe first: a dispatcher's property holds on every part of the input, so one part that fails it
     # (a group, or the first rows) saves running every row alone.
     probe = whole[0][:PROBE_ROWS] if fn.eval_type != GROUPED_PANDAS else whole[0]
     maybe = n > 0 and (_total(fn.run(table, [probe])) == _total(fn.run(table, [[i] for i in probe])))
-    singles = [[i] for i in range(n)]
-    per_row = fn.run(table, singles) if maybe else []
-    if maybe and _total(per_row) == first:
-        return Narrowed("dispatcher", complete_digest, "" if complete_digest else _PARTIAL, True,
-                        _lineage(singles, per_row), fn.calls)
+    if maybe and n <= ALONE_ROWS:
+        singles = [[i] for i in range(n)]
+        per_row = fn.run(table, singles)
+        if _total(per_row) == first:
+            return Narrowed("dispatcher", complete_digest, partial, True, _lineage(singles, per_row), fn.calls,
+                            "every row alone")
+    elif maybe:
+        coded = Coded(fn, table, whole).lineage(first)
+        if isinstance(coded, dict):
+            return Narrowed("dispatcher", complete_digest, partial, True, coded, fn.calls,
+                            f"coded runs of chunks of up to {CHUNK_ROWS:,} rows, {SAMPLE_ROWS} rows of each alone")
     if fn.eval_type == GROUPED_PANDAS:
         outputs = fn.run(table, whole)
-        return Narrowed("grouped", complete_digest, "" if complete_digest else _PARTIAL, True,
-                        _lineage(whole, outputs), fn.calls)
+        return Narrowed("grouped", complete_digest, partial, True, _lineage(whole, outputs), fn.calls,
+                        "one call per group, as Spark calls it")
     budget = MAX_GROUPING_CALLS * n
     for column in fn.data:
         groups = _key_groups(table, [column])
@@ -300,9 +328,140 @@ def narrow_stateless(fn: Function, table: pa.Table, complete_digest: bool) -> Na
         if _total(outputs) == first:
             name = table.column_names[column]
             return Narrowed("grouped", complete_digest, f"grouped by {name}" if complete_digest else _PARTIAL,
-                            True, _lineage(groups, outputs), fn.calls)
+                            True, _lineage(groups, outputs), fn.calls, f"f(I) = ⊎ f(G) over the groups of {name}")
     return Narrowed("superset", False, "neither a dispatcher nor grouped by one column on this batch: every "
                     "output row may derive from every input row", True, calls=fn.calls)
+
+
+class Coded:
+    """A dispatcher's lineage from few calls: each chunk of the input run whole and in halves by the bits of
+    each row's place in the chunk (module docstring). ``lineage`` gives digest -> input rows, or the reason
+    the batch is not a dispatcher (a check that failed)."""
+
+    def __init__(self, fn: Function, table: pa.Table, whole: list[list[int]]):
+        self.fn = fn
+        self.table = table
+        # For applyInPandas, a set of rows is called as Spark calls it: once per group of its key.
+        self.group_of = np.zeros(table.num_rows, dtype=np.int64)
+        for g, rows in enumerate(whole):
+            self.group_of[rows] = g
+
+    def calls(self, rows: np.ndarray) -> list[list[int]]:
+        """The calls of ``f`` on ``rows`` (sorted positions): one for a map, one per group for applyInPandas."""
+        if self.fn.eval_type != GROUPED_PANDAS:
+            return [rows.tolist()] if len(rows) else []
+        groups = self.group_of[rows]
+        order = np.argsort(groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(groups[order])) + 1
+        return [part.tolist() for part in np.split(rows[order], cuts)] if len(rows) else []
+
+    def outputs(self, sets: list[np.ndarray]) -> list[Counter]:
+        """``f`` of each set of rows, as multisets of digests: every set's calls made at once."""
+        calls: list[list[int]] = []
+        owner: list[int] = []
+        for i, rows in enumerate(sets):
+            made = self.calls(rows)
+            calls.extend(made)
+            owner.extend([i] * len(made))
+        found: list[Counter] = [Counter() for _ in sets]
+        for i, out in zip(owner, self.fn.run(self.table, calls)):
+            found[i].update(out)
+        return found
+
+    def lineage(self, first: Counter) -> dict[int, list[int]] | str:
+        n = self.table.num_rows
+        lineage: dict[int, list[int]] = {}
+        total: Counter = Counter()
+        for start in range(0, n, CHUNK_ROWS):
+            found = self._chunk(np.arange(start, min(n, start + CHUNK_ROWS)))
+            if isinstance(found, str):
+                return found
+            made, rows_of = found
+            total.update(made)
+            for digest, rows in rows_of.items():
+                had = lineage.get(digest)
+                lineage[digest] = rows if had is None else sorted(set(had) | set(rows))
+        if total != first:
+            return "the chunks' outputs do not add up to the batch's"
+        return lineage
+
+    def _chunk(self, chunk: np.ndarray) -> tuple[Counter, dict[int, list[int]]] | str:
+        c = len(chunk)
+        place = np.arange(c)
+        halves = []
+        for bit in range(max(1, (c - 1).bit_length())):
+            ones = (place >> bit) & 1 == 1
+            halves.extend([chunk[ones], chunk[~ones]])
+        made, *parts = self.outputs([chunk, *halves])
+        for bit in range(len(parts) // 2):
+            if parts[2 * bit] + parts[2 * bit + 1] != made:
+                return f"not a dispatcher: f(C) differs from f(A) ⊎ f(C - A) for the rows of bit {bit} of a chunk"
+        # An output row made k times by one row is in f(A_j) k times for the bits of that row's place, and
+        # 0 times for the others; made by several rows, some bit splits them.
+        digests = np.array(sorted(made), dtype=np.int64)
+        counts = np.array([made[d] for d in digests.tolist()], dtype=np.int64)
+        index = np.zeros(len(digests), dtype=np.int64)
+        one_row = np.ones(len(digests), dtype=bool)
+        for bit in range(len(parts) // 2):
+            part = parts[2 * bit]
+            keys = np.fromiter(part.keys(), dtype=np.int64, count=len(part))
+            inside = np.zeros(len(digests), dtype=np.int64)
+            inside[np.searchsorted(digests, keys)] = np.fromiter(part.values(), dtype=np.int64, count=len(part))
+            one_row &= (inside == 0) | (inside == counts)
+            index |= (inside == counts).astype(np.int64) << bit
+        if one_row.any() and index[one_row].max() >= c:
+            return "not a dispatcher: an output row's runs name no row of its chunk"
+        rows_of: dict[int, list[int]] = {int(d): [int(chunk[i])] for d, i in
+                                         zip(digests[one_row].tolist(), index[one_row].tolist())}
+        alike = Counter({d: made[d] for d in digests[~one_row].tolist()})
+        if alike:
+            resolved = self._resolve(chunk, alike, int(RESOLVE_CALLS * c) + 2)
+            if isinstance(resolved, str):
+                return resolved
+            rows_of.update(resolved)
+        if not self._sampled(chunk, rows_of):
+            return "not a dispatcher: a row run alone gives other rows than the coded runs decoded for it"
+        return made, rows_of
+
+    def _resolve(self, chunk: np.ndarray, alike: Counter, budget: int) -> dict[int, list[int]] | str:
+        """The rows that make each of the output rows ``alike`` (made more than once in ``chunk``), by halving
+        the rows that made them until one is left, a level of halves in one round of calls."""
+        level = [(chunk, alike)]
+        found: dict[int, set[int]] = {}
+        calls = 0
+        while level:
+            splits = [(rows[:len(rows) // 2], rows[len(rows) // 2:], want) for rows, want in level if len(rows) > 1]
+            for rows, want in level:
+                if len(rows) == 1:
+                    for digest in want:
+                        found.setdefault(digest, set()).add(int(rows[0]))
+            calls += 2 * len(splits)
+            if calls > budget:
+                return (f"not narrowed by coded runs: telling apart the rows that made {len(alike)} output rows "
+                        f"alike needs more than {budget} calls")
+            outs = self.outputs([half for low, high, _ in splits for half in (low, high)])
+            level = []
+            for i, (low, high, want) in enumerate(splits):
+                left = Counter({d: outs[2 * i][d] for d in want if outs[2 * i][d]})
+                right = Counter({d: outs[2 * i + 1][d] for d in want if outs[2 * i + 1][d]})
+                if left + right != want:
+                    return "not a dispatcher: halves of a chunk's rows give other rows alike than the whole"
+                level.extend((rows, part) for rows, part in ((low, left), (high, right)) if part)
+        return {d: sorted(rows) for d, rows in found.items()}
+
+    def _sampled(self, chunk: np.ndarray, rows_of: dict[int, list[int]]) -> bool:
+        """Whether ``SAMPLE_ROWS`` rows of ``chunk`` (spread over it), each run alone, give exactly the output
+        rows decoded for them (as sets: how often a row makes one of the rows alike is not decoded; the
+        chunk's counts were checked whole)."""
+        picked = np.unique(np.linspace(0, len(chunk) - 1, min(SAMPLE_ROWS, len(chunk))).astype(np.int64))
+        rows = chunk[picked]
+        wanted = set(rows.tolist())
+        decoded: dict[int, set[int]] = {int(r): set() for r in rows}
+        for digest, sources in rows_of.items():
+            for r in wanted.intersection(sources):
+                decoded[r].add(digest)
+        alone = self.outputs([np.array([r]) for r in rows])
+        return all(set(+alone[i]) == decoded[int(r)] for i, r in enumerate(rows))
 
 
 _PARTIAL = "some output columns are not in the digest (nested types): rows alike in the rest share lineage"

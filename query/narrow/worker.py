@@ -4,7 +4,9 @@
 record, signed by capture) and ``FOLDER/<batch>.arrow`` (each batch's input rows), checks the function's
 signature with the key in ``HEADWATER_NARROWING_KEY`` before anything is unpickled, caps its own address
 space and CPU time (``HEADWATER_NARROWING_MEMORY``, ``HEADWATER_NARROWING_CPU_S``), re-runs the function
-(``reexecute.py``) and writes ``FOLDER/result.json``. Anything that goes wrong is written there as an error.
+(``reexecute.py``) and writes ``FOLDER/result.json``. Anything that goes wrong is written there as an error:
+``unavailable`` where the function cannot be loaded in this environment (not kept: tried again later, or
+elsewhere), ``failed`` where running it failed on the batch (kept, as what it did).
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ def run(folder: Path) -> dict:
         function = signing.verified(request["query"], request["node_id"], request["record"], key)
     except signing.Unverified as exc:
         return {"refused": str(exc)}
-    fn = reexecute.Function(function, request["dataset"], request["digest"])
+    try:
+        fn = reexecute.Function(function, request["dataset"], request["digest"])
+    except (ImportError, AttributeError) as exc:  # the function's module, or a name in it, missing here
+        return {"unavailable": f"the function cannot be loaded here ({type(exc).__name__}: {exc}): its module must "
+                               f"be importable where narrowing runs, as on Spark's executors"}
     tables = [(b, _read(folder / f"{b}.arrow")) for b in request["batches"]]
     if request["stateful"]:
         found = reexecute.narrow_stateful(fn, tables, request["complete_digest"])

@@ -73,6 +73,10 @@ def no_jvm(monkeypatch):
     (["lineage", "backward", "--dataset", "parquet:/x"], "--dataset and --where go together", set()),
     (["lineage", "forward", "--source", "kafka:no-partition"], "expected kafka:TOPIC:PARTITION:OFFSET", set()),
     (["serve", "--port", "http"], "'http' is not a valid integer", {"option"}),
+    (["narrow"], "give --query, --op and at least one --batch, or --follow", set()),
+    (["narrow", "--follow", "--query", "q"], "--follow narrows every black-box batch", set()),
+    (["narrow", "--query", "q", "--op", "3", "--batch", "1", "--once"], "--once and --metrics-port go with --follow",
+     set()),
 ])
 def test_usage_errors_are_one_json_line_and_status_2(tmp_path, no_jvm, args, says, keys):
     found = error_of(invoke(tmp_path, *args))

@@ -96,13 +96,14 @@ class Prometheus:
         stop_process(self.proc)
 
 
-def start_indexer(stack, config, port: int, log: Path) -> subprocess.Popen:
-    """``headwater index`` in a process of its own (its /metrics is only the indexer's), on the test's topics."""
+def start_part(stack, config, port: int, log: Path, *command: str) -> subprocess.Popen:
+    """``headwater COMMAND --metrics-port PORT`` in a process of its own (its /metrics is only that part's), on
+    the test's topics: ``index``, or ``narrow --follow``."""
     env = {**os.environ, "HEADWATER_EDGES_TOPIC": config.edges_topic, "HEADWATER_LOG_TOPIC": config.log_topic,
            "HEADWATER_DLQ_TOPIC": config.dlq_topic, "HEADWATER_STORE_DIR": config.store_dir}
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), "index",
-                                 "--metrics-port", str(port), "--group", f"prometheus-{config.edges_topic}"],
+        return subprocess.Popen([sys.executable, "-m", "headwater.cli", "--home", str(stack.home), *command,
+                                 "--metrics-port", str(port)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
@@ -123,18 +124,21 @@ def alerts_of(prometheus: Prometheus, name: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def live(spark, stack, stack_config, tools, tmp_path_factory):
-    """Two traced queries (one over its budget, one within) on capture's metrics endpoint, an indexer
-    and a query service, all scraped every second by a Prometheus loading the shipped rules."""
+    """Two traced queries (one over its budget, one within) on capture's metrics endpoint, an indexer,
+    a narrowing follower and a query service, all scraped every second by a Prometheus loading the shipped rules."""
     from headwater.capture import attach
     from headwater.query import http
 
     folder = tmp_path_factory.mktemp("prometheus")
     config, tag = own_topics(stack_config, "prom")
     over, within = f"over-{tag}", f"within-{tag}"
-    ports = {"headwater-capture": free_port(), "headwater-indexer": free_port()}
+    ports = {"headwater-capture": free_port(), "headwater-indexer": free_port(), "headwater-narrow": free_port()}
     with contextlib.ExitStack() as stop:
-        indexer = start_indexer(stack, config, ports["headwater-indexer"], folder / "indexer.log")
+        indexer = start_part(stack, config, ports["headwater-indexer"], folder / "indexer.log",
+                             "index", "--group", f"prometheus-{config.edges_topic}")
         stop.callback(stop_process, indexer, signal.SIGINT)
+        narrower = start_part(stack, config, ports["headwater-narrow"], folder / "narrow.log", "narrow", "--follow")
+        stop.callback(stop_process, narrower, signal.SIGINT)
         server = http.serve(config, "127.0.0.1", 0, say=lambda _: None)
         stop.callback(server.close)
         ports["headwater-query"] = urllib.parse.urlsplit(server.url).port

@@ -22,7 +22,8 @@ def cli(home, *args):
 
 def test_status_reports_each_part_healthy_and_names_its_server(stack):
     statuses = {s.name: s for s in stack.status()}
-    assert set(statuses) == {"broker", "graph", "query"}
+    assert set(statuses) == {"broker", "graph", "query", "narrow"}
+    assert statuses["narrow"].server == "headwater narrow --follow"
     assert all(s.running and s.healthy for s in statuses.values())
     assert statuses["broker"].server == f"Apache Kafka {tools.KAFKA_VERSION} (KRaft)"
     assert statuses["graph"].server == f"Neo4j {tools.NEO4J_VERSION} Community"
@@ -54,7 +55,7 @@ def test_up_down_stops_exactly_what_it_started(tmp_path):
 
     down = cli(home, "stack", "down")
     assert down.returncode == 0
-    assert json.loads(down.stdout)["stopped"] == ["query", "graph", "broker"]
+    assert json.loads(down.stdout)["stopped"] == ["narrow", "query", "graph", "broker"]
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes()
     status = cli(home, "stack", "status")

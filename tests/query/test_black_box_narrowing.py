@@ -11,7 +11,6 @@ from its key's records since its state last began.
 from __future__ import annotations
 
 import base64
-import shutil
 import uuid
 from types import SimpleNamespace
 
@@ -27,7 +26,10 @@ from headwater.core.offsets import partition_offsets
 from headwater.core.rid import kafka_rid
 from headwater.demo.run import end_offsets, run_until
 from headwater.query.api import LineageClient, choices
+from headwater.query.narrow import metrics
+from headwater.query.narrow.follow import Follower
 from headwater.query.narrow.narrower import NarrowStore
+from headwater.store.batch_log import BatchLog
 from headwater.store.plans import PlanStore
 from tests import pipelines
 from tests.capture.test_black_boxes import parsed, records_read
@@ -39,6 +41,7 @@ pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev
 
 KEY = "narrowing-test-key"
 EVENTS = 300
+WAIT_S = 120.0  # the tests' questions wait for a narrowing they start (the service's answer at once: pending)
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +141,85 @@ def check_forward(client, env, name, truth: dict[tuple, set[int]]):
 
 # Tests ----------------------------------------------------------------------------------------------
 
+def test_a_question_before_the_narrowing_answers_at_once_with_the_flagged_superset_and_starts_it(env, runs):
+    name, rows, batches = runs["map"].name, runs["map"].rows, runs["map"].batches
+    inputs = entered(env, batches)
+    row, batch = rows[0]
+    with LineageClient(env.config) as client:
+        found, answer = backward_of(client, row)
+        assert found == {c for c, _ in inputs[batch]}, "the superset: every row that entered the batch"
+        assert not any(x.exact for x in answer)
+        (pending,) = answer.narrowed
+        assert pending["kind"] == "pending" and "under way" in pending["reason"]
+        narrower = client.narrower()
+        assert narrower is not None and narrower.under_way() == [(name, pending["op"], batch)]
+        narrower.wait(WAIT_S)
+        assert NarrowStore(env.config).get(name, pending["op"], batch).kind == "dispatcher", "kept for every question"
+        found, answer = backward_of(client, row)
+        assert [n["kind"] for n in answer.narrowed] == ["dispatcher"] and all(x.exact for x in answer)
+        assert len(found) == 1
+
+
+def test_a_pending_batch_too_large_to_list_is_described_by_what_it_read(env, runs, monkeypatch):
+    """Past ``PENDING_LISTED`` rows read, a pending batch's superset is not listed (100,000 records would take
+    seconds to answer): the walk stops at the black box's node and the answer says what the batch read."""
+    from headwater.query.narrow import narrower as narrowing
+
+    monkeypatch.setattr(narrowing, "PENDING_LISTED", 5)
+    name, rows, batches = runs["map"].name, runs["map"].rows, runs["map"].batches
+    inputs = entered(env, batches)
+    (op,) = [b["node_id"] for b in PlanStore(env.config.store_uri(), env.config.log_topic).latest(name)["black_boxes"]]
+    store = NarrowStore(env.config)
+    row, batch = next((r, b) for r, b in rows if store.get(name, op, b) is None and len(inputs[b]) > 5)
+    with LineageClient(env.config) as client:
+        found, answer = backward_of(client, row)
+        assert found == set() and answer.unexplained == [], "the box's rows are described, not listed"
+        (pending,) = answer.narrowed
+        assert pending["kind"] == "pending"
+        superset = pending["superset"]
+        start, end = batches[batch]
+        assert superset["rows_read"] >= len(inputs[batch]) and superset["tables"] == []
+        assert {(r["topic"], r["partition"]): (r["from"], r["to"]) for r in superset["read"]} == {
+            (t, p): (start.get((t, p), 0), o) for (t, p), o in end.items() if o > start.get((t, p), 0)}
+        assert all(any(r["topic"] == t and r["partition"] == p and r["from"] <= o < r["to"] for r in superset["read"])
+                   for (_, t, p, o), _ in inputs[batch]), "every row that entered the box is in what it read"
+        client.narrower().wait(WAIT_S)
+        found, answer = backward_of(client, row)
+        assert [n["kind"] for n in answer.narrowed] == ["dispatcher"] and len(found) == 1
+
+
+def test_narrowing_ahead_narrows_each_black_box_batch_once_and_questions_find_it_ready(env, runs):
+    """``headwater narrow --follow``'s loop, once: every full batch of every query with a black box narrowed and
+    kept, none twice; then a question answers narrowed at once, never pending."""
+    follower = Follower(env.config)
+    try:
+        narrowed = follower.once()
+        assert follower.once() == 0 and not follower.waiting(), "each batch once"
+        assert metrics.WAITING._value.get() == 0 and metrics.LAG._value.get() == 0
+    finally:
+        follower.close()
+    log = BatchLog(env.config.store_uri(), env.config.log_topic)
+    store = NarrowStore(env.config)
+    expected = 0
+    for key in BLACK_BOXES:
+        name = runs[key].name
+        (op,) = [b["node_id"] for b in PlanStore(env.config.store_uri(), env.config.log_topic).latest(name)
+                 ["black_boxes"]]
+        for batch in log.batches(name):
+            if (log.batch(name, batch) or {}).get("status") == "full":
+                assert store.get(name, op, batch) is not None, (key, batch)
+                expected += 1
+    assert 0 < narrowed <= expected  # a stateful box's replay keeps every batch up to the one asked at once
+    row, batch = runs["group"].rows[0]
+    with LineageClient(env.config) as client:
+        _, answer = backward_of(client, row)
+        assert [n["kind"] for n in answer.narrowed] == ["grouped"]
+
 def test_a_row_wise_map_is_narrowed_to_one_record_per_output(env, runs):
     name, rows, batches = runs["map"].name, runs["map"].rows, runs["map"].batches
     inputs = entered(env, batches)
     forward: dict[tuple, set[int]] = {c: set() for b in inputs for c, _ in inputs[b]}
-    with LineageClient(env.config) as client:
+    with LineageClient(env.config, narrow_wait_s=WAIT_S) as client:
         for row, batch in rows:
             truth = {c for c, e in inputs[batch] if e["id"] == row["id"] and e["k"] == row["k"]
                      and e["v"] * 3 == row["v3"]}
@@ -154,7 +231,7 @@ def test_a_row_wise_map_is_narrowed_to_one_record_per_output(env, runs):
                 forward[c].add(row["_hw_rid"])
         check_forward(client, env, name, forward)
     for backend in choices():  # every backend walks the same narrowed edges
-        with LineageClient(env.config, backend=backend) as client:
+        with LineageClient(env.config, backend=backend, narrow_wait_s=WAIT_S) as client:
             for row, batch in rows[:5]:
                 answer = client.backward(row["_hw_rid"])
                 assert {as_input(x) for x in answer if x.topic} == {
@@ -168,7 +245,7 @@ def test_a_per_key_normalisation_is_narrowed_to_its_keys_rows(env, runs):
     name, rows, batches = runs["group"].name, runs["group"].rows, runs["group"].batches
     inputs = entered(env, batches)
     forward: dict[tuple, set[int]] = {c: set() for b in inputs for c, _ in inputs[b]}
-    with LineageClient(env.config) as client:
+    with LineageClient(env.config, narrow_wait_s=WAIT_S) as client:
         for row, batch in rows:
             truth = {c for c, e in inputs[batch] if e["k"] == row["k"]}
             found, answer = backward_of(client, row)
@@ -184,7 +261,7 @@ def test_a_per_key_normalisation_is_narrowed_to_its_keys_rows(env, runs):
 def test_mixing_and_random_functions_stay_flagged_supersets(env, runs, key, reason):
     name, rows, batches = runs[key].name, runs[key].rows, runs[key].batches
     inputs = entered(env, batches)
-    with LineageClient(env.config) as client:
+    with LineageClient(env.config, narrow_wait_s=WAIT_S) as client:
         for row, batch in rows:
             found, answer = backward_of(client, row)
             assert found == {c for c, _ in inputs[batch]}
@@ -225,7 +302,7 @@ def test_a_sessionisation_is_narrowed_to_its_keys_rows_since_its_state_began(env
                 own[key] = {c for c, _ in session}
                 span[key] = set(since)
     assert own, "some sessions close"
-    with LineageClient(env.config) as client:
+    with LineageClient(env.config, narrow_wait_s=WAIT_S) as client:
         for row, batch in rows:
             key = (row["k"], row["start"], row["n"], batch)
             found, answer = backward_of(client, row)
@@ -261,13 +338,13 @@ def test_a_tampered_function_is_refused_and_the_superset_kept(env, runs):
     plans.write(name, plan.pop("from_batch"), plan.pop("fingerprint"), {k: v for k, v in plan.items() if k != "query"})
     # Other tests' forward walks went through this query too and narrowed its batches: a query tier that has
     # not narrowed them yet reads the tampered log.
-    shutil.rmtree(NarrowStore(env.config).root / name.encode().hex(), ignore_errors=True)
-    with LineageClient(env.config) as client:
+    NarrowStore(env.config).remove(name)
+    with LineageClient(env.config, narrow_wait_s=WAIT_S) as client:
         row, batch = rows[0]
         found, answer = backward_of(client, row)
         assert found == {c for c, _ in inputs[batch]} and not any(x.exact for x in answer)
         assert "signature does not match" in answer.narrowed[0]["reason"]
     assert NarrowStore(env.config).get(name, box["node_id"], batch) is None, "nothing narrowed is kept"
     # Nor does a key other than capture's verify it.
-    with LineageClient(env.config.with_overrides(narrowing_key="another key")) as client:
+    with LineageClient(env.config.with_overrides(narrowing_key="another key"), narrow_wait_s=WAIT_S) as client:
         assert "signature does not match" in client.narrow(name, box["node_id"], batch + 1)["reason"]

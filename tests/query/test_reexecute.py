@@ -193,3 +193,75 @@ def test_a_calls_rows_are_held_once_and_a_row_out_of_two_calls_derives_from_both
     held = reexecute.Narrowed("grouped", True, lineage=lineage).to_dict()
     assert held["sets"] == [[0, 2], [0, 1, 2, 3], [1, 3], [4, 5]]
     assert dict(zip(held["digests"], held["set_of"])) == {10: 0, 11: 1, 12: 2, 13: 2, 14: 3, 15: 3}
+
+
+def alike_ids(frames):
+    """Row-wise, each row's output twice; every 50th id's rows all give one output row alike."""
+    for frame in frames:
+        kept = frame[frame["v"] % 3 != 0]
+        ids = np.where(kept["id"].to_numpy() % 50 == 0, -1, kept["id"].to_numpy())
+        yield pd.DataFrame({"id": np.repeat(ids, 2), "v3": np.repeat(kept["v"].to_numpy() * 3, 2)})
+
+
+def marks_the_first_of_a_large_frame(frames):
+    """Not a dispatcher, though 32 rows alone and together agree: a frame of over 40 rows marks its first id."""
+    for frame in frames:
+        yield pd.DataFrame({"id": frame["id"], "f": ((frame["id"] == frame["id"].min()) & (len(frame) > 40))
+                            .astype("int64")})
+
+
+def per_row_in_groups(frame):
+    return pd.DataFrame({"id": frame["id"], "v2": frame["v"] * 2})
+
+
+def by_every_row_alone(monkeypatch, make):
+    """The narrowing of ``make()``'s function with every row run alone, however many rows."""
+    with monkeypatch.context() as m:
+        m.setattr(reexecute, "ALONE_ROWS", 1 << 30)
+        fn, table = make()
+        return reexecute.narrow_stateless(fn, table, True)
+
+
+@pytest.mark.parametrize("function, output, digest", [(split, "id long, part int, v3 long", [0, 1, 2]),
+                                                      (alike_ids, "id long, v3 long", [0, 1])])
+def test_coded_runs_find_what_running_every_row_alone_finds_in_far_fewer_calls(monkeypatch, function, output, digest):
+    """Past ``ALONE_ROWS``, a dispatcher's rows are named by coded runs of chunks: the same lineage as every row
+    run alone (the brute force), outputs alike across rows and chunks included, in a fraction of the calls."""
+    monkeypatch.setattr(reexecute, "ALONE_ROWS", 100)
+    monkeypatch.setattr(reexecute, "CHUNK_ROWS", 700)  # three chunks, the last a short one
+
+    def make():
+        return reexecute.Function(record(function, output), DATASET, digest), batch(1800, seed=5)
+
+    fn, table = make()
+    coded = reexecute.narrow_stateless(fn, table, True)
+    alone = by_every_row_alone(monkeypatch, make)
+    assert (coded.kind, coded.exact) == ("dispatcher", True) and "coded runs" in coded.verified
+    assert coded.lineage == alone.lineage
+    assert fn.calls < table.num_rows / 2
+    if function is alike_ids:
+        assert any(len(rows) > 1 for rows in coded.lineage.values()), "some output rows come from several rows"
+
+
+def test_a_function_that_agrees_alone_and_together_on_few_rows_but_not_on_many_is_no_dispatcher(monkeypatch):
+    monkeypatch.setattr(reexecute, "ALONE_ROWS", 100)
+    fn = reexecute.Function(record(marks_the_first_of_a_large_frame, "id long, f long"), DATASET, [0, 1])
+    found = reexecute.narrow_stateless(fn, batch(500), True)
+    assert found.kind == "superset" and not found.exact
+
+
+def test_an_apply_in_pandas_row_wise_within_its_groups_is_a_dispatcher_called_per_group(monkeypatch):
+    monkeypatch.setattr(reexecute, "ALONE_ROWS", 100)
+    table = batch(900, seed=7)
+    grouped_input = schema("k int, id long, k int, v long")
+    with_key = pa.table([table["k"], table["id"], table["k"], table["v"]], names=["k", "id", "k", "v"])
+
+    def make():
+        return reexecute.Function(record(per_row_in_groups, "id long, v2 long", reexecute.GROUPED_PANDAS, [0],
+                                         grouped_input), DATASET, [0, 1]), with_key
+
+    fn, _ = make()
+    coded = reexecute.narrow_stateless(fn, with_key, True)
+    assert coded.kind == "dispatcher" and coded.lineage == by_every_row_alone(monkeypatch, make).lineage
+    assert coded.lineage == {digest([r["id"], r["v"] * 2], ["long", "long"]): [i]
+                             for i, r in enumerate(table.to_pylist())}

@@ -1,0 +1,127 @@
+"""Narrowing ahead: ``headwater narrow --follow`` narrows each black box's batch once, soon after it is indexed.
+
+It follows the batch log in the store (``store/batch_log.py``, written by the indexer): each batch whose
+capture is ``full`` and whose plan has a black box (``Narrower.boxes``) waits until its narrowing is kept
+(``NarrowStore``), oldest first. A batch whose edges are not all in the store yet (``NotIndexedYet``) is
+tried again after ``RETRY_UNINDEXED_S``; a narrowing that could not run (the broker away, a key not set
+right) after ``narrower.RETRY_S``. A batch is claimed before it is narrowed (``NarrowStore.claim``), so
+followers on several hosts, and questions that start a narrowing, run each batch once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from typing import Callable
+
+from headwater.core.config import Config
+from headwater.store.batch_log import BatchLog
+
+from ..errors import LineageError
+from . import metrics
+from .narrower import RETRY_S, Box, Narrower, NotIndexedYet
+
+POLL_S = 1.0  # how often the batch log is read again when nothing waits
+RETRY_UNINDEXED_S = 2.0  # a batch whose edges are still on their way to the store: tried again after this
+
+
+def _at(entry: dict) -> float | None:
+    """When the batch ran (its log entry's ``at``), as a Unix time."""
+    at = entry.get("at")
+    if not at:
+        return None
+    try:
+        return datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class Follower:
+    """Narrows the black-box batches the batch log holds, oldest first, each once (``once``, ``run``)."""
+
+    def __init__(self, config: Config, say: Callable[[str], None] = lambda _: None):
+        from ..api import LineageClient
+
+        self.say = say
+        self.client = LineageClient(config)
+        narrower = self.client.narrower()
+        if narrower is None:
+            self.client.close()
+            raise LineageError("no narrowing key is set (narrowing_key or narrowing_key_file, the same as capture's): "
+                               "nothing can be narrowed")
+        self.narrower: Narrower = narrower
+        self.log = BatchLog(config.store_uri(), config.log_topic)
+        self._done: set[tuple[str, int, int]] = set()  # kept, or no black box: never looked at again
+        self._later: dict[tuple[str, int, int], float] = {}  # tried, to try again from this time (monotonic)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def waiting(self) -> list[tuple[float, Box, int]]:
+        """The black-box batches not narrowed yet, oldest first: (when the batch ran, its box, the batch)."""
+        log = self.log.refresh()
+        found = []
+        for query in log.queries():
+            if not self.narrower.has_boxes(query):
+                continue
+            for batch in log.batches(query):
+                entry = log.batch(query, batch) or {}
+                if entry.get("status") != "full":  # sampled, log-only, failed: no whole superset to narrow
+                    continue
+                for op, box in self.narrower.boxes(query, batch).items():
+                    key = (query, op, batch)
+                    if key in self._done:
+                        continue
+                    if self.narrower.store.get(*key) is not None:
+                        self._done.add(key)
+                        continue
+                    found.append((_at(entry) or time.time(), box, batch))
+        found.sort(key=lambda t: (t[0], t[1].query, t[2], t[1].op))
+        return found
+
+    def once(self) -> int:
+        """Narrow every batch that waits and is due; returns how many were narrowed (kept) here."""
+        waiting = self.waiting()
+        self._report(waiting)
+        narrowed = 0
+        backend = self.client._backend(self.client.names[0])
+        for _, box, batch in waiting:
+            key = (box.query, box.op, batch)
+            if time.monotonic() < self._later.get(key, 0.0):
+                continue
+            started = time.monotonic()
+            try:
+                found = self.narrower.narrow(box, batch, backend, exclusive=True)
+            except NotIndexedYet as exc:
+                self._later[key] = time.monotonic() + RETRY_UNINDEXED_S
+                self.say(f"{box.query} op {box.op} batch {batch}: {exc}")
+                continue
+            if found is None:  # another narrower holds it
+                self._later[key] = time.monotonic() + RETRY_UNINDEXED_S
+                continue
+            if self.narrower.store.get(*key) is None:  # not kept: it could not run; tried again later
+                self._later[key] = time.monotonic() + RETRY_S
+                self.say(f"{box.query} op {box.op} batch {batch}: not narrowed, tried again in {RETRY_S:.0f} s: "
+                         f"{found.reason}")
+                continue
+            self._done.add(key)
+            self._later.pop(key, None)
+            narrowed += 1
+            metrics.NARROWED.labels(found.kind).inc()
+            metrics.SECONDS.observe(time.monotonic() - started)
+            self.say(f"{box.query} op {box.op} batch {batch}: {found.kind}"
+                     f"{' (exact)' if found.exact else ''} in {found.seconds:.1f} s"
+                     + (f": {found.reason}" if found.reason else ""))
+            self._report([w for w in waiting if (w[1].query, w[1].op, w[2]) not in self._done])
+        return narrowed
+
+    def _report(self, waiting: list[tuple[float, Box, int]]) -> None:
+        metrics.WAITING.set(len(waiting))
+        metrics.LAG.set(max(0.0, time.time() - waiting[0][0]) if waiting else 0.0)
+
+    def run(self, stop: threading.Event, poll_s: float = POLL_S) -> None:
+        """Narrow what waits, then look again every ``poll_s``, until ``stop`` is set."""
+        while not stop.is_set():
+            if not self.once():
+                stop.wait(poll_s)
