@@ -2,10 +2,12 @@
 
 It follows the batch log in the store (``store/batch_log.py``, written by the indexer): each batch whose
 capture is ``full`` and whose plan has a black box (``Narrower.boxes``) waits until its narrowing is kept
-(``NarrowStore``), oldest first. A batch whose edges are not all in the store yet (``NotIndexedYet``) is
-tried again after ``RETRY_UNINDEXED_S``; a narrowing that could not run (the broker away, a key not set
-right) after ``narrower.RETRY_S``. A batch is claimed before it is narrowed (``NarrowStore.claim``), so
-followers on several hosts, and questions that start a narrowing, run each batch once.
+(``NarrowStore``), oldest first. A batch is read back once the rows the store records entering its black
+box have stopped growing (``SETTLE_S``); one whose edges were not all in the store yet after all
+(``NotIndexedYet``) is tried again after ``RETRY_UNINDEXED_S``, doubling each time; a narrowing that
+could not run (the broker away, a key not set right) after ``narrower.RETRY_S``. A batch is claimed
+before it is narrowed (``NarrowStore.claim``), so followers on several hosts, and questions that start a
+narrowing, run each batch once.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from . import metrics
 from .narrower import RETRY_S, Box, Narrower, NotIndexedYet
 
 POLL_S = 1.0  # how often the batch log is read again when nothing waits
-RETRY_UNINDEXED_S = 2.0  # a batch whose edges are still on their way to the store: tried again after this
+SETTLE_S = 1.0  # a batch is read back once the rows entering its box have not grown for this long
+RETRY_UNINDEXED_S = 2.0  # read back too early (``NotIndexedYet``): tried again after this, doubling each time
 
 
 def _at(entry: dict) -> float | None:
@@ -54,6 +57,8 @@ class Follower:
         self.log = BatchLog(config.store_uri(), config.log_topic)
         self._done: set[tuple[str, int, int]] = set()  # kept, or no black box: never looked at again
         self._later: dict[tuple[str, int, int], float] = {}  # tried, to try again from this time (monotonic)
+        self._entering: dict[tuple[str, int, int], int] = {}  # rows seen entering the box at the last look
+        self._tries: dict[tuple[str, int, int], int] = {}  # read back too early (``NotIndexedYet``), so far
 
     def close(self) -> None:
         self.client.close()
@@ -80,21 +85,41 @@ class Follower:
         found.sort(key=lambda t: (t[0], t[1].query, t[2], t[1].op))
         return found
 
-    def once(self) -> int:
-        """Narrow every batch that waits and is due; returns how many were narrowed (kept) here."""
+    def once(self, settle: bool = True) -> int:
+        """Narrow every batch that waits and is due; returns how many were narrowed (kept) here. ``settle``:
+        wait here for a batch's edges to stop coming in (``--once``), else come back to it (``run``)."""
         waiting = self.waiting()
         self._report(waiting)
         narrowed = 0
         backend = self.client._backend(self.client.names[0])
+        if settle:  # every batch first seen now looked at once, then again after one wait for them all
+            first = [(box, batch) for _, box, batch in waiting if (box.query, box.op, batch) not in self._entering]
+            for box, batch in first:
+                self._entering[box.query, box.op, batch] = self.narrower.entering(box, batch, backend)
+            if first:
+                time.sleep(SETTLE_S)
         for _, box, batch in waiting:
             key = (box.query, box.op, batch)
             if time.monotonic() < self._later.get(key, 0.0):
+                continue
+            # Its edges still coming into the store (the count of rows entering the box grew since the last
+            # look): looked at again soon, before reading the batch's input back (seconds for 100,000 rows).
+            entering = self.narrower.entering(box, batch, backend)
+            while entering != self._entering.get(key):
+                self._entering[key] = entering
+                if not settle:
+                    self._later[key] = time.monotonic() + SETTLE_S
+                    break
+                time.sleep(SETTLE_S)
+                entering = self.narrower.entering(box, batch, backend)
+            if key in self._later and time.monotonic() < self._later[key]:
                 continue
             started = time.monotonic()
             try:
                 found = self.narrower.narrow(box, batch, backend, exclusive=True)
             except NotIndexedYet as exc:
-                self._later[key] = time.monotonic() + RETRY_UNINDEXED_S
+                self._tries[key] = tries = self._tries.get(key, 0) + 1
+                self._later[key] = time.monotonic() + min(RETRY_UNINDEXED_S * 2 ** tries, RETRY_S)
                 self.say(f"{box.query} op {box.op} batch {batch}: {exc}")
                 continue
             if found is None:  # another narrower holds it
@@ -106,7 +131,8 @@ class Follower:
                          f"{found.reason}")
                 continue
             self._done.add(key)
-            self._later.pop(key, None)
+            for held in (self._later, self._entering, self._tries):
+                held.pop(key, None)
             narrowed += 1
             metrics.NARROWED.labels(found.kind).inc()
             metrics.SECONDS.observe(time.monotonic() - started)
@@ -123,5 +149,5 @@ class Follower:
     def run(self, stop: threading.Event, poll_s: float = POLL_S) -> None:
         """Narrow what waits, then look again every ``poll_s``, until ``stop`` is set."""
         while not stop.is_set():
-            if not self.once():
+            if not self.once(settle=False):
                 stop.wait(poll_s)

@@ -473,6 +473,10 @@ class Narrower:
                                "checks": round(time.monotonic() - ran, 3)}
         return found
 
+    def entering(self, box: Box, batch: int, backend) -> int:
+        """How many rows the store records entering ``box`` in ``batch`` (one read of its node's edges)."""
+        return len(self._entering(box, [batch], backend).get(batch, {}))
+
     def _entering(self, box: Box, batches: list[int], backend) -> dict[int, dict[int, int]]:
         """Per batch of ``batches``, the rows the store records entering ``box`` (their rid, and the edge's
         column mask); each state node's edges are read once (a stateful black box has one for every batch)."""
