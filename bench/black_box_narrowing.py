@@ -211,7 +211,7 @@ def index(config, name: str, batches: list[int], timeout_s: float = 1800) -> Non
         if all("status" in e and "rows_in" in e for e in entries):
             logged = sum(int(e.get("edges") or 0) for e in entries)
             stored = edges.read(edges.files()["path"].to_pylist(), ["query"])
-            if pc.sum(pc.equal(stored["query"], name)).as_py() >= logged:
+            if (pc.sum(pc.equal(stored["query"], name)).as_py() or 0) >= logged:
                 return
         if time.monotonic() > deadline:
             raise RuntimeError(f"batches {batches} of {name} not indexed after {timeout_s:.0f} s: {entries}")

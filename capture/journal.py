@@ -54,6 +54,9 @@ NOT_CAPTURED = "none"  # PROPERTY of a batch whose edges are not captured: its f
 ROWS = ".rows"
 SAMPLE_MODULUS = 1_000_003  # a rid is sampled when pmod(rid, SAMPLE_MODULUS) < fraction * SAMPLE_MODULUS
 MAX_ROWS_PER_MESSAGE = 20_000
+# Under Kafka's default message.max.bytes (1 MiB, the broker's and each topic's): 20,000 rows of a black box's
+# output with its payload columns made 1.3 MB messages, which the broker refused, so they stayed spilled.
+MAX_MESSAGE_BYTES = 900_000
 STALE_TEMPORARY_S = 3600.0  # a task's unfinished file older than this was left by a task that died
 
 
@@ -156,8 +159,9 @@ def read(path: Path) -> tuple[Publisher, Setting, pa.Table]:
 
 
 def payloads(publisher: Publisher, setting: Setting, rows: pa.Table,
-             max_rows: int = MAX_ROWS_PER_MESSAGE) -> Iterator[bytes]:
-    """The lineage payloads of journaled rows.
+             max_rows: int = MAX_ROWS_PER_MESSAGE, max_bytes: int = MAX_MESSAGE_BYTES) -> Iterator[bytes]:
+    """The lineage payloads of journaled rows, each of at most ``max_rows`` rows and ``max_bytes`` bytes (a
+    part over it is halved until it fits; a row's lineage stays in one payload).
 
     In ``input`` mode an input the JVM left out of the sample is null, and a row none of whose
     inputs a group reads is present makes nothing of that group (not even its destination node).
@@ -173,11 +177,21 @@ def payloads(publisher: Publisher, setting: Setting, rows: pa.Table,
                     valid = pc.is_valid(batch.column(column))
                     present = valid if present is None else pc.or_(present, valid)
                 part = batch.filter(present)
-            if not part.num_rows:
-                continue
-            columns = [group.destinations(part, ctx), *[part.column(c) for c in sources]]
-            nodes, edges = lineage_tables(pa.RecordBatch.from_arrays(columns, names=["_hw_rid", *sources]), ctx)
-            yield encode_lineage(nodes, edges)
+            if part.num_rows:
+                yield from _fitted(group, ctx, sources, part, max_bytes)
+
+
+def _fitted(group, ctx, sources: list[str], part: pa.RecordBatch, max_bytes: int) -> Iterator[bytes]:
+    """The payload of ``part``'s rows for one group, or of its halves while it is over ``max_bytes``."""
+    columns = [group.destinations(part, ctx), *[part.column(c) for c in sources]]
+    nodes, edges = lineage_tables(pa.RecordBatch.from_arrays(columns, names=["_hw_rid", *sources]), ctx)
+    payload = encode_lineage(nodes, edges)
+    if len(payload) <= max_bytes or part.num_rows == 1:
+        yield payload
+        return
+    half = part.num_rows // 2
+    yield from _fitted(group, ctx, sources, part.slice(0, half), max_bytes)
+    yield from _fitted(group, ctx, sources, part.slice(half), max_bytes)
 
 
 def messages(publisher: Publisher, setting: Setting, rows: pa.Table, topic: str) -> list[tuple[str, bytes, bytes]]:

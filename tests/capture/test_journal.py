@@ -81,6 +81,20 @@ def test_outputs_become_one_edge_per_source_row_in_chunks():
     assert {k for _, k in nodes} == {"source", "output"} and len(nodes) == 2 * N
 
 
+def test_payloads_over_the_brokers_message_size_are_halved_until_they_fit():
+    """Kafka refuses a message over its message.max.bytes (1 MiB by default): a part of the rows whose payload
+    is over ``max_bytes`` is halved until each fits, each row's lineage in one payload, none lost or doubled."""
+    rows = pa.table({"_hw_rid": [i * 3 for i in range(N)], "src": [kafka(i) for i in range(N)]})
+    whole = list(payloads(outputs(), Setting(4, RUN, None, {}), rows))
+    limit = len(whole[0]) // 3
+    fitted = list(payloads(outputs(), Setting(4, RUN, None, {}), rows, max_bytes=limit))
+    assert len(whole) == 1 and 3 <= len(fitted) <= 16 and all(len(p) <= limit for p in fitted), \
+        (len(whole[0]), [len(p) for p in fitted])
+    assert decoded(fitted) == decoded(whole)
+    edges = [e for p in fitted for e in decode_lineage(p)[1].to_pylist()]
+    assert len(edges) == N, "each row's edge once"
+
+
 def test_entering_rows_link_each_present_input_to_its_state_node_in_the_run():
     keys = [[11, 12, 13], [21, 22, 23]]
     rows = pa.table({"k0": keys[0], "k1": keys[1], "s0": [kafka(0), None, kafka(2)],
