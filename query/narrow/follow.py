@@ -71,10 +71,15 @@ class Follower:
             if not self.narrower.has_boxes(query):
                 continue
             for batch in log.batches(query):
+                boxes = self.narrower.boxes(query, batch)
+                if all((query, op, batch) in self._done for op in boxes):
+                    continue  # each looked at once (a stream's batches since it began: no log entry read again)
                 entry = log.batch(query, batch) or {}
                 if entry.get("status") != "full":  # sampled, log-only, failed: no whole superset to narrow
+                    if entry.get("status") is not None:  # said for good (none yet: its record still coming)
+                        self._done.update((query, op, batch) for op in boxes)
                     continue
-                for op, box in self.narrower.boxes(query, batch).items():
+                for op, box in boxes.items():
                     key = (query, op, batch)
                     if key in self._done:
                         continue
