@@ -116,7 +116,7 @@ class NarrowedFiles:
                 with os.fdopen(fd, "wb") as f:
                     f.write(claim)
                 return True
-            if self.fs.get_file_info(path).type != pafs.FileType.NotFound and not self._stale(path):
+            if self._live(path):
                 return False
             with self.fs.open_output_stream(path) as f:
                 f.write(claim)
@@ -126,7 +126,7 @@ class NarrowedFiles:
     def claimed(self, query: str, op: int, batch: int) -> bool:
         """Whether a live narrower holds the batch's narrowing."""
         path = self._path(query, op, batch, ".claim")
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound and not self._stale(path)
+        return self._live(path)
 
     def release(self, query: str, op: int, batch: int) -> None:
         try:
@@ -134,10 +134,15 @@ class NarrowedFiles:
         except FileNotFoundError:
             pass
 
-    def _stale(self, path: str) -> bool:
+    def _live(self, path: str) -> bool:
+        """Whether a claim is there and not stale (one look at the file for both)."""
+        info = self.fs.get_file_info(path)
+        return info.type != pafs.FileType.NotFound and not self._stale(path, info)
+
+    def _stale(self, path: str, info: pafs.FileInfo | None = None) -> bool:
         """Whether a claim is older than the time limit its narrower gave, and ``CLAIM_SLACK_S``."""
         try:
-            info = self.fs.get_file_info(path)
+            info = info or self.fs.get_file_info(path)
             if info.type == pafs.FileType.NotFound:
                 return False  # just released
             age = time.time() - info.mtime_ns / 1e9

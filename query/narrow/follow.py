@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime
 from typing import Callable
 
 from headwater.core.config import Config
-from headwater.store.batch_log import BatchLog
 
 from ..errors import LineageError
+from ..fallback import logged_time
 from . import metrics
 from .narrower import RETRY_S, Box, Narrower, NotIndexedYet
 
@@ -35,7 +34,7 @@ def _at(entry: dict) -> float | None:
     if not at:
         return None
     try:
-        return datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp()
+        return logged_time(str(at)).timestamp()
     except ValueError:
         return None
 
@@ -54,7 +53,7 @@ class Follower:
             raise LineageError("no narrowing key is set (narrowing_key or narrowing_key_file, the same as capture's): "
                                "nothing can be narrowed")
         self.narrower: Narrower = narrower
-        self.log = BatchLog(config.store_uri(), config.log_topic)
+        self.log = narrower.fallback.log  # the one reader of the batch log the narrower refreshes too
         self._done: set[tuple[str, int, int]] = set()  # kept, or no black box: never looked at again
         self._later: dict[tuple[str, int, int], float] = {}  # tried, to try again from this time (monotonic)
         self._entering: dict[tuple[str, int, int], int] = {}  # rows seen entering the box at the last look
