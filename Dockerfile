@@ -24,7 +24,7 @@ ENV PATH=/opt/headwater/bin:$PATH \
     HEADWATER_HOME=/var/lib/headwater
 USER 10001:10001
 WORKDIR /var/lib/headwater
-# query service HTTP (and its /metrics); the indexer's metrics and health
-EXPOSE 8080 9101
+# query service HTTP (and its /metrics); the indexer's metrics and health; the narrower's
+EXPOSE 8080 9101 9102
 ENTRYPOINT ["headwater"]
 CMD ["--help"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import os
 import signal
@@ -120,6 +121,7 @@ def run_one(spark, tracer, client, config, topic: str, until: dict, events_of: l
 
     from headwater.adapters.spark_lines import recent_progress
     from headwater.demo.run import run_until
+    from headwater.query.cypher import CypherBackend
     from headwater.query.narrow.narrower import NarrowStore
 
     how, fn, schema, truth = FUNCTIONS[function]
@@ -144,13 +146,22 @@ def run_one(spark, tracer, client, config, topic: str, until: dict, events_of: l
     batches = [p.batchId for p in recent_progress(query) if p.numInputRows]
     index(config, name, batches)
     indexed = time.monotonic()
+    if not PLANNED:  # a question's statements planned, as a service has them (at its start, the graph's schema made)
+        planner = CypherBackend(config)
+        planner.plan_questions()
+        planner.close()
+        PLANNED.append(name)
     rows = spark.read.parquet(str(workdir / f"sink-{name}")).limit(questions + 1).collect()
     result: dict = {"rows": len(events_of)}
     store = NarrowStore(config)
     # The first question, as soon as the batch is indexed: narrowed already, or pending (the flagged superset).
+    profiler = cProfile.Profile() if PROFILE_DIR else None
     started = time.perf_counter()
-    first = client.backward(rows[0]["_hw_rid"])
+    with profiler or contextlib.nullcontext():
+        first = client.backward(rows[0]["_hw_rid"])
     result["first_question_s"] = round(time.perf_counter() - started, 4)
+    if profiler is not None:
+        profiler.dump_stats(str(Path(PROFILE_DIR) / f"first-{name}.pstats"))
     (met,) = first.narrowed
     result["first_question_kind"] = met["kind"]
     op, batch = met["op"], met["batch"]
@@ -162,9 +173,13 @@ def run_one(spark, tracer, client, config, topic: str, until: dict, events_of: l
                   narrow_s=round(narrowed.seconds, 2), rows_per_s=round(len(events_of) / max(narrowed.seconds, 1e-3)),
                   steps=narrowed.steps, verified=narrowed.verified or None, reason=narrowed.reason or None)
     # A question once it is narrowed (the narrowing read from the store), then the others.
+    profiler = cProfile.Profile() if PROFILE_DIR else None
     started = time.perf_counter()
-    client.backward(rows[0]["_hw_rid"])
+    with profiler or contextlib.nullcontext():
+        client.backward(rows[0]["_hw_rid"])
     result["narrowed_question_s"] = round(time.perf_counter() - started, 4)
+    if profiler is not None:
+        profiler.dump_stats(str(Path(PROFILE_DIR) / f"narrowed-{name}.pstats"))
     times, fpr, superset = [], [], []
     for row in rows[1:]:
         started = time.perf_counter()
@@ -184,6 +199,8 @@ def run_one(spark, tracer, client, config, topic: str, until: dict, events_of: l
     return result
 
 
+PROFILE_DIR = ""  # --profile: where the first question's cProfile statistics go, one file per function and size
+PLANNED: list[str] = []  # the run after which a question's statements were planned
 OFFSETS: dict = {}  # (topic, partition, offset) -> event id, filled when the events are produced
 
 
@@ -223,7 +240,10 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--functions", default=",".join(FUNCTIONS))
     parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--profile", default="", help="a folder for the first question's cProfile statistics")
     args = parser.parse_args()
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
     # Stopped by a signal, the stack is still taken down (``finally``), its processes by their PIDs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from headwater.adapters.kafka import ensure_topics
@@ -284,9 +304,11 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     follower.kill()
                     follower.wait()
-            if spark is not None:
-                spark.stop()
-            stack.down()
+            try:
+                if spark is not None:
+                    spark.stop()  # raises where its JVM went first (the signal reached the process group)
+            finally:
+                stack.down()
     exact = [results[f][s] for f in ("dispatcher", "grouped") if f in results for s in results[f]]
     checks = {
         "fpr": all(r["fpr"] <= FPR_BAR for r in exact),

@@ -246,6 +246,10 @@ class WalkingBackend:
         that is not fully captured."""
         raise NotImplementedError
 
+    def edges_into(self, rid: int) -> int:
+        """How many edges the store holds into the row ``rid``."""
+        return self._question(True).step([rid]).num_rows
+
     def datasets(self) -> dict[str, dict]:
         """Every static dataset's description (``dataset``), by name."""
         return {}

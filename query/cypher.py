@@ -13,7 +13,7 @@ import pyarrow as pa
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.store.graph import batch_fields, batch_statuses, gaps_between
+from headwater.store.graph import PLANNED_ONCE, batch_fields, batch_statuses, gaps_between
 
 from .backend import ROW_FIELDS, StoreAccess, WalkingBackend, register
 from .question import check_rid
@@ -25,16 +25,20 @@ from .question import check_rid
 # (below) half the time. A row no edge leads on from is not stepped from (``onward``, 0): a hub's forward
 # question then ends in one round trip, not two (12.8 ms against 28.2 at 1M edges).
 _ONWARD = {"b": "COUNT { (b)-[:DERIVED]->() }", "a": "COUNT { ()-[:DERIVED]->(a) }"}  # by the far end
-_EDGES = ("MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
+# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``): each starts at the rid index.
+_EDGES = (PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
           "RETURN {near}.rid AS rid, properties(e) AS e, properties({far}) AS far, {onward} AS onward")
 # A question's start: the row's record and its edges in one round trip, one record (a hub's forward question,
 # 300 rows at 1M edges: median 11.4 ms, against 22.5 ms for a record an edge).
-_FROM = ("MATCH ({near}:Row {{rid: $rid}}) RETURN properties({near}) AS row, "
+_FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) RETURN properties({near}) AS row, "
          "[(a:Row)-[e:DERIVED]->(b:Row) | [properties(e), properties({far}), {onward}]] AS edges")
-_ROWS = "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
+# A row's edges in counted from its degree, no edge read (a black box's node of 1,000,000 rows: its edges, with
+# their far rows, took seconds to read).
+_INTO = PLANNED_ONCE + "MATCH (b:Row {rid: $rid}) RETURN COUNT { ()-[:DERIVED]->(b) } AS n"
+_ROWS = PLANNED_ONCE + "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
 _CHUNK = 5000  # rids per statement
 # A static table's description: the graph's other datasets (the Kafka topics and streams batches read) are not.
-_STATIC_DATASETS = "MATCH (d:Dataset) WHERE d.source = 'static'"
+_STATIC_DATASETS = PLANNED_ONCE + "MATCH (d:Dataset) WHERE d.source = 'static'"
 # How long a batch's logged capture status is taken as read before the graph is asked again: questions about
 # the rows of the same few batches (an explorer's page asks three of each) then cost one round trip fewer,
 # and a status logged anew (a batch run again after a restart) shows within this. Batches with no status yet
@@ -75,6 +79,23 @@ class CypherBackend(WalkingBackend):
         record = {f: rows[0]["row"].get(f) for f in ROW_FIELDS}
         return self._question(backward, {rid: record}, {rid: rows[0]["edges"]})
 
+    def plan_questions(self) -> int:
+        """Have the graph plan each statement a question runs, asking about a rid and a batch it does not hold: a
+        new server's first question then finds the plans made (the first question on a fresh Neo4j spent 0.5 s
+        in the planner). The statements it ran."""
+        ran = 0
+        for backward in (True, False):
+            near, far = ("b", "a") if backward else ("a", "b")
+            self._run(_FROM.format(near=near, far=far, onward=_ONWARD[far]), rid=0)
+            self._run(_EDGES.format(near=near, far=far, onward=_ONWARD[far]), frontier=[0])
+            ran += 2
+        self._run(_ROWS, rids=[0])
+        self.edges_into(0)
+        self.datasets()
+        batch_fields(self._driver, [("", 0)], self.config.graph_database)
+        gaps_between(self._driver, "", 0, 0, self.config.graph_database)
+        return ran + 5
+
     def _question(self, backward: bool, known: dict[int, dict] | None = None,
                   read: dict[int, list] | None = None) -> StoreAccess:
         """``read``: a row's edges read already (``question_from``), for the step from it alone."""
@@ -105,6 +126,10 @@ class CypherBackend(WalkingBackend):
 
     def _records(self, rids) -> dict[int, dict]:
         return {row["rid"]: row for row in self._chunked(_ROWS, "rids", rids)}
+
+    def edges_into(self, rid: int) -> int:
+        rows = self._run(_INTO, rid=check_rid(rid))
+        return int(rows[0]["n"]) if rows else 0
 
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         now = time.monotonic()

@@ -141,6 +141,16 @@ def kafka_rid(topic: str, partition: int, offset: int) -> int:
     return spark_xxhash64(KAFKA, topic, Int(partition), offset)
 
 
+def kafka_rids(topic: str, partition: int, offsets):
+    """``kafka_rid`` of each of ``offsets`` (numbers, or a numpy array) of ``topic``/``partition``, vectorised
+    with numpy (a black box's 1,000,000 input records read back: 70 s value by value); an int64 array."""
+    import numpy as np
+
+    seed = np.uint64(spark_xxhash64(KAFKA, topic, Int(partition)) & _M)
+    with np.errstate(over="ignore"):
+        return _xxh64_longs(np.asarray(offsets, dtype=np.int64).view(np.uint64), seed).view(np.int64)
+
+
 def kafka_offset(rid: int, topic: str, partition: int) -> int:
     """The one offset whose record in ``topic``/``partition`` has rid ``rid`` (``kafka_rid`` undone).
 

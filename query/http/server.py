@@ -26,6 +26,7 @@ from headwater.core.config import Config
 
 from .. import api
 from .. import metrics as query_metrics
+from ..cypher import CypherBackend
 from ..explore import Explorer
 from .gate import Clients, Slots
 from .handler import Handler, _printable
@@ -210,7 +211,8 @@ class LineageServer(ThreadingHTTPServer):
 
     def _warm_up_graph(self) -> None:
         """Read the whole graph once (``graph.warm_up``) as soon as it answers, while questions are answered: a
-        hub's forward question then reads Neo4j's page cache, not the disk at random. Given up on close while it
+        hub's forward question then reads Neo4j's page cache, not the disk at random; then have it plan a
+        question's statements (``CypherBackend.plan_questions``). Given up on close while it
         waits for the graph; a read already under way runs to its end in this daemon thread (a neo4j session is not
         for closing from another thread), then the thread ends."""
         while self._graph_probe.problem() is not None:
@@ -219,10 +221,15 @@ class LineageServer(ThreadingHTTPServer):
         self.say("graph: reading every row and edge once into the graph server's page cache")
         try:
             seconds = graph.warm_up(self.config)
+            planner = CypherBackend(self.config)
+            try:
+                planned = planner.plan_questions()
+            finally:
+                planner.close()
         except Exception as exc:  # questions are answered regardless, only slower
             self.say(f"graph: warm-up failed ({exc!r:.300}); questions are answered from the disk")
             return
-        self.say(f"graph: warmed up in {seconds:.1f}s")
+        self.say(f"graph: warmed up in {seconds:.1f}s, the {planned} statements of a question planned")
 
     def close(self) -> None:
         """Stop accepting, close the port, let running queries finish (up to ``CLOSE_WAIT_S``), close the backends."""

@@ -3,8 +3,9 @@
 It follows the batch log in the store (``store/batch_log.py``, written by the indexer): each batch whose
 capture is ``full`` and whose plan has a black box (``Narrower.boxes``) waits until its narrowing is kept
 (``NarrowStore``), oldest first. A batch is read back once the rows the store records entering its black
-box have stopped growing (``SETTLE_S``); one whose edges were not all in the store yet after all
-(``NotIndexedYet``) is tried again after ``RETRY_UNINDEXED_S``, doubling each time; a narrowing that
+box have stopped growing (``SETTLE_S``), and are not none (for ``EMPTY_WAIT_S``); one whose edges were not
+all in the store yet after all (``NotIndexedYet``) is tried again once the store holds as many as the
+read-back found, and after ``RETRY_UNINDEXED_S``, doubling each time; a narrowing that
 could not run (the broker away, a key not set right) after ``narrower.RETRY_S``. A batch is claimed
 before it is narrowed (``NarrowStore.claim``), so followers on several hosts, and questions that start a
 narrowing, run each batch once.
@@ -26,6 +27,7 @@ from .narrower import RETRY_S, Box, Narrower, NotIndexedYet
 POLL_S = 1.0  # how often the batch log is read again when nothing waits
 SETTLE_S = 1.0  # a batch is read back once the rows entering its box have not grown for this long
 RETRY_UNINDEXED_S = 2.0  # read back too early (``NotIndexedYet``): tried again after this, doubling each time
+EMPTY_WAIT_S = 60.0  # a batch whose black box the store records no row entering is read back after this long
 
 
 def _at(entry: dict) -> float | None:
@@ -37,6 +39,17 @@ def _at(entry: dict) -> float | None:
         return logged_time(str(at)).timestamp()
     except ValueError:
         return None
+
+
+def read_back_due(entering: int, needed: int | None, waited_s: float, settle: bool) -> bool:
+    """Whether a batch whose entering rows have stopped growing (``entering`` of them) is read back now: not
+    while the store holds fewer than a read-back found entering its box (``needed``: a 1,000,000-row batch read
+    back while its edges came in cost a minute each time), nor, unless settling now (``--once``), while it
+    holds none, for ``EMPTY_WAIT_S`` after the batch was first seen (``waited_s``; a batch's edges come after
+    its log entry)."""
+    if needed is not None:
+        return entering >= needed
+    return entering > 0 or settle or waited_s >= EMPTY_WAIT_S
 
 
 class Follower:
@@ -58,6 +71,8 @@ class Follower:
         self._later: dict[tuple[str, int, int], float] = {}  # tried, to try again from this time (monotonic)
         self._entering: dict[tuple[str, int, int], int] = {}  # rows seen entering the box at the last look
         self._tries: dict[tuple[str, int, int], int] = {}  # read back too early (``NotIndexedYet``), so far
+        self._needed: dict[tuple[str, int, int], int] = {}  # rows a read-back too early found entering the box
+        self._seen: dict[tuple[str, int, int], float] = {}  # when first looked at (monotonic)
 
     def close(self) -> None:
         self.client.close()
@@ -118,12 +133,19 @@ class Follower:
                 entering = self.narrower.entering(box, batch, backend)
             if key in self._later and time.monotonic() < self._later[key]:
                 continue
+            if not self._due(key, entering, settle):
+                self._later[key] = time.monotonic() + SETTLE_S
+                continue
             started = time.monotonic()
             try:
                 found = self.narrower.narrow(box, batch, backend, exclusive=True)
             except NotIndexedYet as exc:
                 self._tries[key] = tries = self._tries.get(key, 0) + 1
-                self._later[key] = time.monotonic() + min(RETRY_UNINDEXED_S * 2 ** tries, RETRY_S)
+                if exc.needed > self._needed.get(key, 0):  # read back again once the store holds them all
+                    self._needed[key] = exc.needed
+                    self._later[key] = time.monotonic() + SETTLE_S
+                else:  # as many as found before, still not all the same rows
+                    self._later[key] = time.monotonic() + min(RETRY_UNINDEXED_S * 2 ** tries, RETRY_S)
                 self.say(f"{box.query} op {box.op} batch {batch}: {exc}")
                 continue
             if found is None:  # another narrower holds it
@@ -135,7 +157,7 @@ class Follower:
                          f"{found.reason}")
                 continue
             self._done.add(key)
-            for held in (self._later, self._entering, self._tries):
+            for held in (self._later, self._entering, self._tries, self._needed, self._seen):
                 held.pop(key, None)
             narrowed += 1
             metrics.NARROWED.labels(found.kind).inc()
@@ -145,6 +167,10 @@ class Follower:
                      + (f": {found.reason}" if found.reason else ""))
             self._report([w for w in waiting if (w[1].query, w[1].op, w[2]) not in self._done])
         return narrowed
+
+    def _due(self, key: tuple[str, int, int], entering: int, settle: bool) -> bool:
+        first_seen = self._seen.setdefault(key, time.monotonic())
+        return read_back_due(entering, self._needed.get(key), time.monotonic() - first_seen, settle)
 
     def _report(self, waiting: list[tuple[float, Box, int]]) -> None:
         metrics.WAITING.set(len(waiting))

@@ -8,6 +8,7 @@ columns, typed as Spark typed them, and each with the rids capture gave its sour
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from headwater.core import rid as rids
@@ -81,8 +82,13 @@ def _source_rids(fallback, plan, kept, read, lineages: list) -> list[list[int]]:
         positions = sorted(seen)
         if kind == "kafka":
             rows = frame.iloc[positions]
-            for position, t, p, o in zip(positions, rows["topic"], rows["partition"], rows["offset"]):
-                named[relation_id, position] = rids.kafka_rid(t, int(p), int(o))
+            at = np.asarray(positions)
+            topics, partitions = rows["topic"].to_numpy(), rows["partition"].to_numpy()
+            offsets = rows["offset"].to_numpy(dtype=np.int64)
+            for t, p in set(zip(topics.tolist(), partitions.tolist())):
+                mine = (topics == t) & (partitions == p)
+                found = rids.kafka_rids(t, int(p), offsets[mine])
+                named.update(zip([(relation_id, position) for position in at[mine].tolist()], found.tolist()))
         else:
             found = fallback.table_rids(relations[relation_id], kept, positions)
             named.update(((relation_id, position), int(r)) for position, r in zip(positions, found))

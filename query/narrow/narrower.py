@@ -62,7 +62,12 @@ PENDING_LISTED = 1000  # a pending batch that read more rows is described, its r
 
 class NotIndexedYet(LineageError):
     """The store holds fewer of the rows entering a black box's batch than the log says it read: its
-    edges are still on their way to the store. Tried again soon, never kept."""
+    edges are still on their way to the store. Tried again soon, never kept. ``needed``: how many rows
+    entered it, read back (0: not said)."""
+
+    def __init__(self, message: str, needed: int = 0):
+        super().__init__(message)
+        self.needed = needed
 
 
 def time_limit(rows: int) -> float:
@@ -394,7 +399,7 @@ class Narrower:
         if said.get("claimed"):
             return None
         if "not_indexed" in said:
-            raise NotIndexedYet(said["not_indexed"])
+            raise NotIndexedYet(said["not_indexed"], int(said.get("needed") or 0))
         kept = self.store.get(box.query, box.op, batch)
         if kept is not None:
             return kept
@@ -474,8 +479,9 @@ class Narrower:
         return found
 
     def entering(self, box: Box, batch: int, backend) -> int:
-        """How many rows the store records entering ``box`` in ``batch`` (one read of its node's edges)."""
-        return len(self._entering(box, [batch], backend).get(batch, {}))
+        """How many edges the store holds into ``box``'s node of ``batch``, one from each row entering it (a
+        count: no edge read)."""
+        return backend.edges_into(box.node(batch))
 
     def _entering(self, box: Box, batches: list[int], backend) -> dict[int, dict[int, int]]:
         """Per batch of ``batches``, the rows the store records entering ``box`` (their rid, and the edge's
@@ -497,7 +503,7 @@ class Narrower:
         rebuilt = {r for row in row_rids for r in row}
         if entered < rebuilt:
             raise NotIndexedYet(f"the store holds {len(entered)} of the {len(rebuilt)} rows the batch's black box "
-                                f"read: its edges are not all indexed yet")
+                                f"read: its edges are not all indexed yet", needed=len(rebuilt))
         if rebuilt != entered:
             raise LineageError(f"the black box's input could not be rebuilt exactly from the log: {len(rebuilt)} "
                                f"source rows read back, {len(entered)} recorded entering it "

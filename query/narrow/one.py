@@ -38,7 +38,7 @@ def main() -> int:
             found = narrower.narrow(box, asked["batch"], client._backend(client.names[0]), exclusive=True)
             said = {"claimed": True} if found is None else found.summary()
         except NotIndexedYet as exc:
-            said = {"not_indexed": str(exc)}
+            said = {"not_indexed": str(exc), "needed": exc.needed}
         except Exception as exc:  # noqa: BLE001 (said to the process that asked, which keeps the superset)
             said = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(said))

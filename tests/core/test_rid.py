@@ -12,6 +12,7 @@ from headwater.core.rid import (
     UnhashableType,
     kafka_offset,
     kafka_rid,
+    kafka_rids,
     spark_xxhash64,
     table_rid,
     table_row_rid,
@@ -49,6 +50,14 @@ def test_a_kafka_rid_gives_back_its_offset():
         assert kafka_offset(kafka_rid(topic, partition, offset), topic, partition) == offset
     # A rid of another partition maps to some offset, not to the record's.
     assert kafka_offset(kafka_rid("orders", 0, 17), "orders", 1) != 17
+
+
+def test_kafka_rids_vectorised_equal_each_kafka_rid():
+    rng = random.Random(8)
+    for topic, partition in (("orders", 0), ("orders", 7), ("é-topic.x", 999)):
+        offsets = [0, 1, (1 << 63) - 1, -(1 << 63)] + [rng.randint(0, 10**12) for _ in range(500)]
+        assert kafka_rids(topic, partition, offsets).tolist() == [kafka_rid(topic, partition, o) for o in offsets]
+    assert kafka_rids("orders", 0, []).tolist() == []
 
 
 def test_python_twin_equals_spark_xxhash64(spark):

@@ -43,7 +43,8 @@ VALUES = {"default": [], "production": ["-f", str(PRODUCTION)]}
 # The store in S3: every replica writes the bucket, the query service reads it.
 S3_SETS = {"store.s3.uri": "s3://lineage/headwater", "store.s3.endpoint": "http://seaweedfs-s3.storage:8333",
            "store.s3.region": "eu-central-1", "store.s3.accessKeyId": "key-id-1234",
-           "store.s3.secretAccessKey": "s3-secret-5678", "indexer.replicas": "3", "query.backend": "csprov"}
+           "store.s3.secretAccessKey": "s3-secret-5678", "indexer.replicas": "3", "query.backend": "csprov",
+           "query.narrowing.key": "narrowing-key-2468"}
 RENDERED = {**VALUES, "s3": [arg for key, value in S3_SETS.items() for arg in ("--set", f"{key}={value}")]}
 WORKLOADS = ("Deployment", "StatefulSet")
 CUSTOM_KINDS = ("ServiceMonitor", "PrometheusRule")  # not Kubernetes' own: kubernetes-validate has no schema
@@ -105,7 +106,9 @@ def one(docs: list[dict], kind: str, suffix: str = "") -> dict:
 
 
 def pods(docs: list[dict]) -> dict[str, dict]:
-    return {d["kind"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in WORKLOADS}
+    """Each workload's pod spec by its component: indexer, query, narrow."""
+    return {d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+            for d in docs if d["kind"] in WORKLOADS}
 
 
 def environment(docs: list[dict]) -> set[str]:
@@ -176,38 +179,43 @@ def test_custom_objects_have_only_known_fields(helm):
             assert ("alert" in each) != ("record" in each)
 
 
+def assert_locked_down(component: str, pod: dict) -> None:
+    """Non-root, a read-only root filesystem (its writable paths volumes), no privilege, probes, resources."""
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert pod["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["runAsNonRoot"] is True, component
+        assert context["readOnlyRootFilesystem"] is True, component
+        assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", component
+        if component != "narrow":  # the narrower serves nothing but its metrics: alive is ready
+            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", component
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert container["livenessProbe"]["httpGet"]["port"] in ports
+        assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert volumes[mounts["/tmp"]] == {"name": "tmp", "emptyDir": {}}
+        assert mounts["/var/lib/headwater"] == "data"
+
+
 @pytest.mark.parametrize("values", VALUES)
 def test_workloads_run_locked_down_with_probes(helm, values):
     docs = render(helm, *VALUES[values])
     specs = pods(docs)
-    assert set(specs) == set(WORKLOADS)
-    for kind, pod in specs.items():
-        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
-        assert pod["automountServiceAccountToken"] is False
-        volumes = {v["name"]: v for v in pod["volumes"]}
-        for container in pod["containers"]:
-            context = container["securityContext"]
-            assert context["runAsNonRoot"] is True, kind
-            assert context["readOnlyRootFilesystem"] is True, kind
-            assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
-            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz", kind
-            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", kind
-            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-            assert container["livenessProbe"]["httpGet"]["port"] in ports
-            assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
-            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-            # The root filesystem is read-only: the writable paths are volumes.
-            assert volumes[mounts["/tmp"]] == {"name": "tmp", "emptyDir": {}}
-            assert mounts["/var/lib/headwater"] == "data"
+    assert set(specs) == {"indexer", "query"}  # no shared store: no narrower
+    for component, pod in specs.items():
+        assert_locked_down(component, pod)
     indexer = one(docs, "StatefulSet")
     claim = indexer["spec"]["volumeClaimTemplates"][0]
     assert claim["metadata"]["name"] == "data" and claim["spec"]["accessModes"] == ["ReadWriteOnce"]
-    assert "data" not in {v["name"] for v in specs["StatefulSet"]["volumes"]}  # one claim per replica
+    assert "data" not in {v["name"] for v in specs["indexer"]["volumes"]}  # one claim per replica
     assert indexer["spec"]["replicas"] == (1 if values == "default" else 3)
-    assert one(docs, "Deployment")["spec"]["replicas"] == (1 if values == "default" else 2)
-    args = specs["StatefulSet"]["containers"][0]["args"]
+    assert one(docs, "Deployment", "-query")["spec"]["replicas"] == (1 if values == "default" else 2)
+    args = specs["indexer"]["containers"][0]["args"]
     assert args == ["index", "--metrics-port", "9101"]
-    serve = specs["Deployment"]["containers"][0]["args"]
+    serve = specs["query"]["containers"][0]["args"]
     assert serve[:7] == ["serve", "--host", "0.0.0.0", "--port", "8080", "--token-file", "/etc/headwater/http/token"]
     assert serve[serve.index("--backend") + 1] == "cypher"  # no shared store: the graph answers
 
@@ -241,7 +249,7 @@ def test_existing_secrets_are_referenced_not_made(helm):
         assert secrets["kafka-sasl"] == "headwater-kafka" and secrets["kafka-tls"] == "headwater-kafka-tls"
         [password] = [e for e in pod["containers"][0]["env"] if e["name"] == "HEADWATER_GRAPH_PASSWORD"]
         assert password["valueFrom"]["secretKeyRef"] == {"name": "headwater-neo4j", "key": "password"}
-    token = {v["name"]: v for v in specs["Deployment"]["volumes"]}["token"]["secret"]
+    token = {v["name"]: v for v in specs["query"]["volumes"]}["token"]["secret"]
     assert token == {"secretName": "headwater-http", "items": [{"key": "token", "path": "token"}]}
     config = one(docs, "ConfigMap", "hw-headwater")["data"]
     assert config["HEADWATER_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
@@ -257,7 +265,7 @@ def test_shared_store(helm):
         [data] = [v for v in pod["volumes"] if v["name"] == "data"]
         assert data["persistentVolumeClaim"]["claimName"] == "lineage-store"
         [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "data"]
-        assert mount.get("readOnly", False) == (kind == "Deployment")
+        assert mount.get("readOnly", False) == (kind == "query")
 
 
 def test_store_in_s3(helm):
@@ -278,7 +286,7 @@ def test_store_in_s3(helm):
         env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
         assert env["AWS_ACCESS_KEY_ID"] == {"name": secret["metadata"]["name"], "key": "access-key-id"}
         assert env["AWS_SECRET_ACCESS_KEY"] == {"name": secret["metadata"]["name"], "key": "secret-access-key"}
-    serve = pods(docs)["Deployment"]["containers"][0]["args"]
+    serve = pods(docs)["query"]["containers"][0]["args"]
     assert serve[serve.index("--backend") + 1] == "csprov"
     # A Secret of the user's is referenced, not made; with no keys at all the pods' own identity is used.
     theirs = render(helm, *RENDERED["s3"], *sets({"store.s3.accessKeyId": "", "store.s3.secretAccessKey": "",
@@ -388,16 +396,18 @@ def test_compose_prometheus_config_loads_the_rules(tmp_path):
 
 
 def test_compose_and_chart_agree(helm):
-    """Compose keeps its store in its own S3 server: the chart with the store in S3."""
+    """Compose keeps its store in its own S3 server: the chart with the store in S3 (and a narrowing key: the
+    narrower runs, as compose's narrowing profile does)."""
     docs = render(helm, *RENDERED["s3"], *sets({"store.s3.endpoint": "http://s3:8333", "store.s3.region": "us-east-1"}))
     services = compose()["services"]
     specs = pods(docs)
     image = "headwater:" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-    for name, kind in (("indexer", "StatefulSet"), ("query", "Deployment")):
-        ours, container = services[name], specs[kind]["containers"][0]
+    assert set(specs) == {"indexer", "query", "narrow"}
+    for name, pod in specs.items():
+        ours, container = services[name], pod["containers"][0]
         assert ours["image"] == container["image"] == image
         assert set(ours["environment"]) == environment(docs), name
-        assert ours["user"] == "{runAsUser}:{runAsGroup}".format(**specs[kind]["securityContext"])
+        assert ours["user"] == "{runAsUser}:{runAsGroup}".format(**pod["securityContext"])
         assert ours["read_only"] is True
         # Same command; only where the token file lies and which backend answers differ.
         differ = {"/run/secrets/http-token": "/etc/headwater/http/token", "auto": "csprov"}
@@ -413,7 +423,7 @@ def test_compose_and_chart_agree(helm):
     # Prometheus scrapes the same jobs on the same ports as the ServiceMonitors.
     scrape = yaml.safe_load(compose()["configs"]["prometheus"]["content"])
     jobs = {job["job_name"]: job["static_configs"][0]["targets"][0] for job in scrape["scrape_configs"]}
-    assert set(jobs) == {"headwater-indexer", "headwater-query", "headwater-capture"}  # deploy/prometheus/rules.yaml
+    assert set(jobs) == {"headwater-indexer", "headwater-query", "headwater-narrow", "headwater-capture"}
     for service in (d for d in docs if d["kind"] == "Service"):
         component = service["metadata"]["labels"]["app.kubernetes.io/component"]
         job = service["metadata"]["labels"]["headwater.io/job"]
@@ -433,12 +443,12 @@ def test_image_is_lean_and_runs_as_the_charts_user(helm):
     text = " ".join(args for _, args in steps)
     assert not re.search(r"\b(openjdk|jdk|jre|default-jre)\b", text)
     [user] = [args for op, args in steps if op == "USER"]
-    pod = pods(render(helm))["Deployment"]["securityContext"]
+    pod = pods(render(helm))["query"]["securityContext"]
     assert user == f"{pod['runAsUser']}:{pod['runAsGroup']}"
     [entrypoint] = [json.loads(args) for op, args in steps if op == "ENTRYPOINT"]
     assert entrypoint == ["headwater"]
     exposed = {int(p) for op, args in steps if op == "EXPOSE" for p in args.split()}
-    assert exposed == {8080, 9101}
+    assert exposed == {8080, 9101, 9102}
 
 
 def test_image_sources_build_the_package(tmp_path):
@@ -479,7 +489,7 @@ def test_extra_settings_reach_the_configmap(helm):
 def test_the_narrowing_key_reaches_the_query_service_from_a_secret(helm, values, secret, key):
     """The key black boxes' functions are signed with: from the platform's Secret, the chart's, or none."""
     docs = render(helm, *values)
-    query = one(docs, "Deployment")
+    query = one(docs, "Deployment", "-query")
     env = {e["name"]: e for e in query["spec"]["template"]["spec"]["containers"][0]["env"]}
     if secret is None:
         assert "HEADWATER_NARROWING_KEY" not in env
@@ -488,3 +498,39 @@ def test_the_narrowing_key_reaches_the_query_service_from_a_secret(helm, values,
     if secret == "hw-headwater":
         data = one(docs, "Secret")["data"]
         assert base64.b64decode(data["narrowing-key"]).decode() == "shared-with-the-spark-jobs"
+
+
+def test_the_narrower_runs_with_a_key_and_a_shared_store(helm):
+    """headwater narrow --follow runs beside the indexer where black boxes can be narrowed: a narrowing key and a
+    store the narrower reads the batch log from and keeps its narrowings in (S3, or a shared claim it writes)."""
+    docs = render(helm, *RENDERED["s3"], *sets({"monitoring.serviceMonitor.enabled": "true"}))
+    narrow = one(docs, "Deployment", "-narrow")
+    pod = pods(docs)["narrow"]
+    assert_locked_down("narrow", pod)
+    [container] = pod["containers"]
+    assert container["args"] == ["narrow", "--follow", "--metrics-port", "9102"]
+    assert narrow["spec"]["replicas"] == 1
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    secret = one(docs, "Secret")["metadata"]["name"]
+    assert env["HEADWATER_NARROWING_KEY"] == {"name": secret, "key": "narrowing-key"}
+    assert env["AWS_ACCESS_KEY_ID"] == {"name": secret, "key": "access-key-id"}
+    assert {v["name"]: v for v in pod["volumes"]}["data"] == {"name": "data", "emptyDir": {}}
+    # Its lag is scraped as job headwater-narrow, the job HeadwaterNarrowingBehind names by.
+    service = one(docs, "Service", "-narrow")
+    assert service["metadata"]["labels"]["headwater.io/job"] == "headwater-narrow"
+    assert service["spec"]["ports"][0]["port"] == 9102
+    monitor = one(docs, "ServiceMonitor", "-narrow")
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "narrow"
+    # On a shared claim it writes the store (the query service reads it).
+    shared = render(helm, *sets({"store.sharedClaim": "lineage-store", "query.narrowing.key": "k" * 16}))
+    [mount] = [m for m in pods(shared)["narrow"]["containers"][0]["volumeMounts"] if m["name"] == "data"]
+    assert "readOnly" not in mount
+    assert {v["name"]: v for v in pods(shared)["narrow"]["volumes"]}["data"]["persistentVolumeClaim"] == \
+        {"claimName": "lineage-store"}
+    # No key, no shared store (production: each indexer's store its own), or turned off: no narrower.
+    for options in ({**S3_SETS, "query.narrowing.key": ""}, {"query.narrowing.key": "k" * 16},
+                    {**S3_SETS, "narrow.enabled": "false"}):
+        rendered = render(helm, *sets(options), *sets({"monitoring.serviceMonitor.enabled": "true"}))
+        assert "narrow" not in pods(rendered), options
+        assert not [d for d in rendered if d["metadata"]["name"].endswith("-narrow")], options
+    assert "narrow" not in pods(render(helm, *VALUES["production"]))

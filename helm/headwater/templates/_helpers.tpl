@@ -93,6 +93,25 @@ home: /var/lib/headwater
 {{- end }}
 {{- end }}
 
+{{/* The key capture signs black boxes' functions with, where query.narrowing names one. */}}
+{{- define "headwater.narrowingEnv" -}}
+{{- with .Values.query.narrowing }}
+{{- if or .key .existingSecret }}
+- name: HEADWATER_NARROWING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret | default (include "headwater.fullname" $) }}
+      key: {{ ternary .existingSecretKey "narrowing-key" (ne .existingSecret "") }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Whether headwater narrow --follow runs: enabled, with a narrowing key and a shared store (it reads the batch log
+and keeps each narrowing there). */}}
+{{- define "headwater.narrowing" -}}
+{{- if and .Values.narrow.enabled (or .Values.query.narrowing.key .Values.query.narrowing.existingSecret) (include "headwater.sharedStore" .) }}true{{ end }}
+{{- end }}
+
 {{/* Whether the store is shared by every replica and the query service: in S3, or on a shared claim. */}}
 {{- define "headwater.sharedStore" -}}
 {{- if or .Values.store.s3.uri .Values.store.sharedClaim }}true{{ end }}
