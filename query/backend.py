@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from headwater.core.plugins import load_plugins, registrar
 from headwater.store.edges import ROW_FIELDS as STORED_ROW_FIELDS
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 # What the stores record of a row (graph node properties, Parquet rows records): its rid and the store's fields.
 ROW_FIELDS = ("rid", *STORED_ROW_FIELDS)
+AT_COLUMNS = ("src", "dst", "batch", "op", "cols")  # ``edges_at``'s
 
 
 class _Hops:
@@ -249,6 +251,13 @@ class WalkingBackend:
     def edges_into(self, rid: int) -> int:
         """How many edges the store holds into the row ``rid``."""
         return self._question(True).step([rid]).num_rows
+
+    def edges_at(self, rid: int, backward: bool) -> pa.Table:
+        """Every edge into (``backward``) or out of the row ``rid`` the store holds: ``src``, ``dst``, ``batch``,
+        ``op``, ``cols`` (a black box's node of a batch: all its rows in or out, as narrowing checks them)."""
+        edges = self._question(backward).step([rid])
+        edges = edges.filter(pc.equal(edges["dst" if backward else "src"], rid))
+        return edges.select(list(AT_COLUMNS))
 
     def datasets(self) -> dict[str, dict]:
         """Every static dataset's description (``dataset``), by name."""

@@ -25,9 +25,11 @@ from .question import check_rid
 # (below) half the time. A row no edge leads on from is not stepped from (``onward``, 0): a hub's forward
 # question then ends in one round trip, not two (12.8 ms against 28.2 at 1M edges).
 _ONWARD = {"b": "COUNT { (b)-[:DERIVED]->() }", "a": "COUNT { ()-[:DERIVED]->(a) }"}  # by the far end
-# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``): each starts at the rid index.
+# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``): each starts at the rid index. Rows and
+# edges come back in one record a statement (``collect``), not one each: the driver's cost a record is
+# most of a large step's (1,000 rows' records: 16-29 ms against 50-83 ms, Neo4j 5 beside a bench).
 _EDGES = (PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
-          "RETURN {near}.rid AS rid, properties(e) AS e, properties({far}) AS far, {onward} AS onward")
+          "RETURN collect([{near}.rid, properties(e), properties({far}), {onward}]) AS edges")
 # A question's start: the row's record and its edges in one round trip, one record (a hub's forward question,
 # 300 rows at 1M edges: median 11.4 ms, against 22.5 ms for a record an edge).
 _FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) RETURN properties({near}) AS row, "
@@ -35,7 +37,15 @@ _FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) RETURN properties({nea
 # A row's edges in counted from its degree, no edge read (a black box's node of 1,000,000 rows: its edges, with
 # their far rows, took seconds to read).
 _INTO = PLANNED_ONCE + "MATCH (b:Row {rid: $rid}) RETURN COUNT { ()-[:DERIVED]->(b) } AS n"
-_ROWS = PLANNED_ONCE + "MATCH (n:Row) WHERE n.rid IN $rids RETURN " + ", ".join(f"n.{f} AS {f}" for f in ROW_FIELDS)
+# A row's every edge in or out, lean (a black box's node: its 1,000,000 rows in or out, which narrowing checks; no
+# far row's properties, no onward count): most of a 1,000,000-row batch's narrowing went to reading them as a
+# walk's step.
+_AT = {True: PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row {rid: $rid}) "
+             "RETURN collect([a.rid, e.batch, e.op, coalesce(e.cols, -1)]) AS edges",
+       False: PLANNED_ONCE + "MATCH (a:Row {rid: $rid})-[e:DERIVED]->(b:Row) "
+              "RETURN collect([b.rid, e.batch, e.op, coalesce(e.cols, -1)]) AS edges"}
+_ROWS = PLANNED_ONCE + "MATCH (n:Row) WHERE n.rid IN $rids RETURN collect([" + ", ".join(f"n.{f}" for f in ROW_FIELDS) \
+    + "]) AS rows"
 _CHUNK = 5000  # rids per statement
 # A static table's description: the graph's other datasets (the Kafka topics and streams batches read) are not.
 _STATIC_DATASETS = PLANNED_ONCE + "MATCH (d:Dataset) WHERE d.source = 'static'"
@@ -91,10 +101,12 @@ class CypherBackend(WalkingBackend):
             ran += 2
         self._run(_ROWS, rids=[0])
         self.edges_into(0)
+        self.edges_at(0, True)
+        self.edges_at(0, False)
         self.datasets()
         batch_fields(self._driver, [("", 0)], self.config.graph_database)
         gaps_between(self._driver, "", 0, 0, self.config.graph_database)
-        return ran + 5
+        return ran + 7
 
     def _question(self, backward: bool, known: dict[int, dict] | None = None,
                   read: dict[int, list] | None = None) -> StoreAccess:
@@ -110,8 +122,8 @@ class CypherBackend(WalkingBackend):
                 found = [(frontier[0], e, row, onward) for e, row, onward in read.pop(frontier[0])]
             else:
                 asked = [rid for rid in frontier if rid not in ends]
-                found = [(row["rid"], row["e"], row["far"], row["onward"])
-                         for row in (self._chunked(query, "frontier", asked) if asked else ())]
+                found = [tuple(edge) for chunk in (self._chunked(query, "frontier", asked) if asked else ())
+                         for edge in chunk["edges"]]
             edges = []
             for rid, properties, far_row, onward in found:
                 known.setdefault(far_row["rid"], {f: far_row.get(f) for f in ROW_FIELDS})
@@ -125,11 +137,22 @@ class CypherBackend(WalkingBackend):
         return StoreAccess(step, self._records, known)
 
     def _records(self, rids) -> dict[int, dict]:
-        return {row["rid"]: row for row in self._chunked(_ROWS, "rids", rids)}
+        return {row[0]: dict(zip(ROW_FIELDS, row)) for chunk in self._chunked(_ROWS, "rids", rids)
+                for row in chunk["rows"]}
 
     def edges_into(self, rid: int) -> int:
         rows = self._run(_INTO, rid=check_rid(rid))
         return int(rows[0]["n"]) if rows else 0
+
+    def edges_at(self, rid: int, backward: bool) -> pa.Table:
+        rows = self._run(_AT[backward], rid=check_rid(rid))
+        edges = rows[0]["edges"] if rows else []
+        far, batch, op, cols = (list(column) for column in zip(*edges)) if edges else ([], [], [], [])
+        near = [rid] * len(far)
+        src, dst = (far, near) if backward else (near, far)
+        return pa.table({"src": pa.array(src, pa.int64()), "dst": pa.array(dst, pa.int64()),
+                         "batch": pa.array(batch, pa.int64()), "op": pa.array(op, pa.int32()),
+                         "cols": pa.array(cols, pa.int64())})
 
     def batch_statuses(self, pairs) -> dict[tuple[str, int], str | None]:
         now = time.monotonic()

@@ -330,6 +330,7 @@ class BatchLog:
         self._partitions: list[_Partition] = []
         self._runs: dict[str, _Run] = {}  # by path: files never change once written
         self._version: int | None = None
+        self._by_query: dict[str, list[int]] | None = None  # each query's batches, in order, at this version
         self.refresh()
 
     def refresh(self) -> "BatchLog":
@@ -350,6 +351,7 @@ class BatchLog:
         kept = {f["path"] for f in files}
         self._runs = {p: r for p, r in self._runs.items() if p in kept}
         self._version = version
+        self._by_query = None
         return self
 
     def batch(self, query: str, batch: int) -> dict | None:
@@ -365,11 +367,22 @@ class BatchLog:
 
     def queries(self) -> list[str]:
         """Every query the log holds a batch of."""
-        return sorted({q for partition in self._partitions for q, _ in partition.batches()})
+        return sorted(self._batches_by_query())
 
     def batches(self, query: str) -> list[int]:
         """Every batch of ``query`` the log holds an entry of, in order."""
-        return sorted({batch for partition in self._partitions for q, batch in partition.batches() if q == query})
+        return list(self._batches_by_query().get(query, ()))
+
+    def _batches_by_query(self) -> dict[str, list[int]]:
+        """Each query's batches, gathered once a version (``narrow --follow`` asks every second, and a stream
+        of months has hundreds of thousands)."""
+        if self._by_query is None:
+            found: dict[str, set[int]] = {}
+            for partition in self._partitions:
+                for query, batch in partition.batches():
+                    found.setdefault(query, set()).add(batch)
+            self._by_query = {query: sorted(batches) for query, batches in found.items()}
+        return self._by_query
 
     def statuses(self, pairs: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str | None]:
         """Each batch's capture status (``CAPTURE_STATUSES``); None where no status is logged (yet)."""

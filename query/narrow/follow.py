@@ -13,6 +13,7 @@ narrowing, run each batch once.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from typing import Callable
@@ -27,7 +28,7 @@ from .narrower import RETRY_S, Box, Narrower, NotIndexedYet
 POLL_S = 1.0  # how often the batch log is read again when nothing waits
 SETTLE_S = 1.0  # a batch is read back once the rows entering its box have not grown for this long
 RETRY_UNINDEXED_S = 2.0  # read back too early (``NotIndexedYet``): tried again after this, doubling each time
-EMPTY_WAIT_S = 60.0  # a batch whose black box the store records no row entering is read back after this long
+EMPTY_WAIT_S = 300.0  # a batch whose black box the store records no row entering is read back after this long
 
 
 def _at(entry: dict) -> float | None:
@@ -52,6 +53,20 @@ def read_back_due(entering: int, needed: int | None, waited_s: float, settle: bo
     return entering > 0 or settle or waited_s >= EMPTY_WAIT_S
 
 
+def next_floor(batches: list[int], floor: int | None, done: Callable[[int], bool]) -> int | None:
+    """Below which batch every batch of a query is done, given its logged ``batches`` from ``floor`` on (in
+    order): the first not ``done``, or the first not logged (a gap: its record may come later, spilled by
+    capture), else the one after the last; None if there are none."""
+    expected = floor
+    for batch in batches:
+        if expected is not None and batch != expected:
+            return expected
+        if not done(batch):
+            return batch
+        expected = batch + 1
+    return expected
+
+
 class Follower:
     """Narrows the black-box batches the batch log holds, oldest first, each once (``once``, ``run``)."""
 
@@ -68,6 +83,7 @@ class Follower:
         self.narrower: Narrower = narrower
         self.log = narrower.fallback.log  # the one reader of the batch log the narrower refreshes too
         self._done: set[tuple[str, int, int]] = set()  # kept, or no black box: never looked at again
+        self._floor: dict[str, int] = {}  # by query: every batch below it is done
         self._later: dict[tuple[str, int, int], float] = {}  # tried, to try again from this time (monotonic)
         self._entering: dict[tuple[str, int, int], int] = {}  # rows seen entering the box at the last look
         self._tries: dict[tuple[str, int, int], int] = {}  # read back too early (``NotIndexedYet``), so far
@@ -84,10 +100,16 @@ class Follower:
         for query in log.queries():
             if not self.narrower.has_boxes(query):
                 continue
-            for batch in log.batches(query):
+            batches = log.batches(query)
+            batches = batches[bisect.bisect_left(batches, self._floor.get(query, 0)):]  # none below its floor
+
+            def done(batch: int) -> bool:
+                return all((query, op, batch) in self._done for op in self.narrower.boxes(query, batch))
+
+            for batch in batches:
                 boxes = self.narrower.boxes(query, batch)
-                if all((query, op, batch) in self._done for op in boxes):
-                    continue  # each looked at once (a stream's batches since it began: no log entry read again)
+                if done(batch):
+                    continue
                 entry = log.batch(query, batch) or {}
                 if entry.get("status") != "full":  # sampled, log-only, failed: no whole superset to narrow
                     if entry.get("status") is not None:  # said for good (none yet: its record still coming)
@@ -101,6 +123,7 @@ class Follower:
                         self._done.add(key)
                         continue
                     found.append((_at(entry) or time.time(), box, batch))
+            self._raise_floor(query, next_floor(batches, self._floor.get(query), done))
         found.sort(key=lambda t: (t[0], t[1].query, t[2], t[1].op))
         return found
 
@@ -167,6 +190,12 @@ class Follower:
                      + (f": {found.reason}" if found.reason else ""))
             self._report([w for w in waiting if (w[1].query, w[1].op, w[2]) not in self._done])
         return narrowed
+
+    def _raise_floor(self, query: str, floor: int | None) -> None:
+        """Every batch of ``query`` below ``floor`` is done: never looked at again, nor held in ``_done``."""
+        if floor is not None and floor > self._floor.get(query, 0):
+            self._floor[query] = floor
+            self._done = {key for key in self._done if key[0] != query or key[2] >= floor}
 
     def _due(self, key: tuple[str, int, int], entering: int, settle: bool) -> bool:
         first_seen = self._seen.setdefault(key, time.monotonic())

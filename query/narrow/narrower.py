@@ -488,9 +488,12 @@ class Narrower:
         column mask); each state node's edges are read once (a stateful black box has one for every batch)."""
         found: dict[int, dict[int, int]] = {}
         for node in {box.node(b) for b in batches}:
-            for src, b, op, mask in _edges_of(backend, node, True, ("src", "batch", "op", "cols")):
-                if op == box.op and b in batches:
-                    found.setdefault(b, {})[int(src)] = int(mask)
+            edges = backend.edges_at(node, backward=True)
+            src, batch_of, op, cols = (edges[name].to_numpy() for name in ("src", "batch", "op", "cols"))
+            ours = (op == box.op) & np.isin(batch_of, batches)
+            for b in np.unique(batch_of[ours]).tolist():
+                of_b = ours & (batch_of == b)
+                found.setdefault(b, {}).update(zip(src[of_b].tolist(), cols[of_b].tolist()))
         return found
 
     def _inputs(self, box: Box, batch: int, recorded: dict[int, int]) -> tuple[pa.Table, list[list[int]]]:
@@ -561,7 +564,8 @@ class Narrower:
             return Narrowing(box.query, box.op, batch, kind, False, reason)
         digests = np.array(narrowed["digests"], dtype=np.int64)
         outs = rids.box_output_rids(digests, box.query, box.op, batch) if len(digests) else digests
-        made = {int(d) for d, b in _edges_of(backend, box.node(batch), False, ("dst", "batch")) if b == batch}
+        out = backend.edges_at(box.node(batch), backward=False)
+        made = set(out["dst"].to_numpy()[out["batch"].to_numpy() == batch].tolist())
         missing = made - {int(o) for o in outs}
         if missing:
             return Narrowing(box.query, box.op, batch, "superset", False,
@@ -669,11 +673,3 @@ def _narrowed(narrowing: Narrowing, row: int, by: str) -> list[tuple]:
     """The narrowed edges of ``narrowing`` ending at (``by="dst"``) or starting from (``"src"``) ``row``."""
     pairs = [(s, row) for s in narrowing.into(row)] if by == "dst" else [(row, d) for d in narrowing.out_of(row)]
     return [(s, d, narrowing.query, narrowing.batch, narrowing.op, narrowing.exact, narrowing.mask) for s, d in pairs]
-
-
-def _edges_of(backend, rid: int, backward: bool, names: tuple[str, ...]) -> list[tuple]:
-    """``names`` of every edge into (``backward``) or out of ``rid`` the backend's store holds."""
-    edges = backend._question(backward).step([rid])
-    near = "dst" if backward else "src"
-    keep = [i for i, r in enumerate(edges[near].to_pylist()) if r == rid]
-    return [tuple(edges[n][i].as_py() for n in names) for i in keep]

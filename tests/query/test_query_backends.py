@@ -160,7 +160,7 @@ def test_every_backend_gives_the_oracles_lineage(spark, stack_config, tmp_path):
     assert view.generation is not None and 0 < view.recent_edges.num_rows < len(produced)
     backends = {"cypher": CypherBackend(config), "csprov": CSProvBackend(config, view),
                 "rq": RecursiveBackend(config, view)}
-    assert backends["cypher"].plan_questions() == 9  # as a server does at start: the answers stay the oracle's
+    assert backends["cypher"].plan_questions() == 11  # as a server does at start: the answers stay the oracle's
     rng = random.Random(3)
     by_kind = defaultdict(list)
     for rid, (kind, dataset) in rows.items():
@@ -191,6 +191,14 @@ def test_every_backend_gives_the_oracles_lineage(spark, stack_config, tmp_path):
         for rid in (hub, *rng.sample(sorted(rows), 20)):
             assert {name: backend.edges_into(rid) for name, backend in backends.items()} == \
                 dict.fromkeys(backends, into[rid]), rid
+            for backward in (True, False):  # a row's every edge, as narrowing reads a black box's node's
+                near = "dst" if backward else "src"
+                expected = sorted((e["src"], e["dst"], e["batch"], e["op"], e["cols"]) for e in produced
+                                  if e[near] == rid)
+                for name, backend in backends.items():
+                    got = backend.edges_at(rid, backward)
+                    assert sorted(zip(*(got[c].to_pylist() for c in ("src", "dst", "batch", "op", "cols")))) == \
+                        expected, (name, rid, backward)
         source, output = by_kind["orders"][0], by_kind["alerts"][0]  # rows with no edge the way asked
         for name, backend in backends.items():
             assert summary(backend.backward(source, depth=3)) == oracle(produced, rows, source, "source", 3, True), name
@@ -435,6 +443,6 @@ def test_a_questions_statements_keep_their_plans():
     from headwater.query import cypher
     from headwater.store import graph
 
-    statements = [cypher._EDGES, cypher._FROM, cypher._ROWS, cypher._INTO, cypher._STATIC_DATASETS,
-                  graph.BATCH_FIELDS, graph.GAPS_BETWEEN]
+    statements = [cypher._EDGES, cypher._FROM, cypher._ROWS, cypher._INTO, *cypher._AT.values(),
+                  cypher._STATIC_DATASETS, graph.BATCH_FIELDS, graph.GAPS_BETWEEN]
     assert [s for s in statements if not s.startswith(graph.PLANNED_ONCE)] == []
