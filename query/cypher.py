@@ -26,11 +26,11 @@ from .question import check_rid
 # (below) half the time. A row no edge leads on from is not stepped from (``onward``, 0): a hub's forward
 # question then ends in one round trip, not two (12.8 ms against 28.2 at 1M edges).
 _ONWARD = {"b": "COUNT { (b)-[:DERIVED]->() }", "a": "COUNT { ()-[:DERIVED]->(a) }"}  # by the far end
-# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``): each starts at the rid index. Rows and
-# edges come back in one record a statement (``collect``), not one each: the driver's cost a record is
-# most of a large step's (1,000 rows' records: 16-29 ms against 50-83 ms, Neo4j 5 beside a bench).
+# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``): each starts at the rid index. A step's
+# edges come back one record each, streamed: a hub's million edges collected into one record passed Neo4j's
+# memory for a transaction (``dbms.memory.transaction.total.max``).
 _EDGES = (PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
-          "RETURN collect([{near}.rid, properties(e), properties({far}), {onward}]) AS edges")
+          "RETURN {near}.rid AS rid, properties(e) AS e, properties({far}) AS far, {onward} AS onward")
 # A question's start: the row's record and its edges in one round trip, one record (a hub's forward question,
 # 300 rows at 1M edges: median 11.4 ms, against 22.5 ms for a record an edge).
 _FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) RETURN properties({near}) AS row, "
@@ -41,10 +41,14 @@ _INTO = PLANNED_ONCE + "MATCH (b:Row {rid: $rid}) RETURN COUNT { ()-[:DERIVED]->
 # A row's every edge in or out, lean (a black box's node: its 1,000,000 rows in or out, which narrowing checks; no
 # far row's properties, no onward count): most of a 1,000,000-row batch's narrowing went to reading them as a
 # walk's step.
-_AT = {True: PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row {rid: $rid}) "
-             "RETURN collect([a.rid, e.batch, e.op, coalesce(e.cols, -1)]) AS edges",
-       False: PLANNED_ONCE + "MATCH (a:Row {rid: $rid})-[e:DERIVED]->(b:Row) "
-              "RETURN collect([b.rid, e.batch, e.op, coalesce(e.cols, -1)]) AS edges"}
+# Its columns come back as four lists of numbers in one record (a list a row, as a step's, passed Neo4j's memory
+# for a transaction, and a record a row costs the driver 20-35 µs).
+_AT = {backward: PLANNED_ONCE + f"MATCH {pattern} RETURN collect({far}.rid) AS far, collect(e.batch) AS batch, "
+                 "collect(e.op) AS op, collect(coalesce(e.cols, -1)) AS cols"
+       for backward, pattern, far in ((True, "(a:Row)-[e:DERIVED]->(b:Row {rid: $rid})", "a"),
+                                      (False, "(a:Row {rid: $rid})-[e:DERIVED]->(b:Row)", "b"))}
+# A chunk's rows' records come back in one record (``collect``, at most ``_CHUNK`` rows): the driver's cost a record
+# is most of it (1,000 rows: 16-29 ms against 50-83 ms a record each, Neo4j 5 beside a bench).
 _ROWS = PLANNED_ONCE + "MATCH (n:Row) WHERE n.rid IN $rids RETURN collect([" + ", ".join(f"n.{f}" for f in ROW_FIELDS) \
     + "]) AS rows"
 _CHUNK = 5000  # rids per statement
@@ -129,8 +133,8 @@ class CypherBackend(WalkingBackend):
                 found = [(frontier[0], e, row, onward) for e, row, onward in read.pop(frontier[0])]
             else:
                 asked = [rid for rid in frontier if rid not in ends]
-                found = [tuple(edge) for chunk in (self._chunked(query, "frontier", asked) if asked else ())
-                         for edge in chunk["edges"]]
+                found = [(row["rid"], row["e"], row["far"], row["onward"])
+                         for row in (self._chunked(query, "frontier", asked) if asked else ())]
             edges = []
             for rid, properties, far_row, onward in found:
                 known.setdefault(far_row["rid"], {f: far_row.get(f) for f in ROW_FIELDS})
@@ -153,8 +157,7 @@ class CypherBackend(WalkingBackend):
 
     def edges_at(self, rid: int, backward: bool) -> pa.Table:
         rows = self._run(_AT[backward], rid=check_rid(rid))
-        edges = rows[0]["edges"] if rows else []
-        far, batch, op, cols = (list(column) for column in zip(*edges)) if edges else ([], [], [], [])
+        far, batch, op, cols = (rows[0][name] for name in ("far", "batch", "op", "cols")) if rows else ([],) * 4
         near = [rid] * len(far)
         src, dst = (far, near) if backward else (near, far)
         return pa.table({"src": pa.array(src, pa.int64()), "dst": pa.array(dst, pa.int64()),
