@@ -21,7 +21,8 @@ from the whole batch): a record of the true lineage missing fails the run (``fal
 questions), ``superset`` the answer's size over the true lineage's; ``before`` the same without narrowing
 (the whole batch). Prints one JSON line; ``checks`` hold the bars: FPR after at most 1% for the
 dispatcher and grouped functions at every size; at 100,000 rows their first question, pending or narrowed,
-in at most 150 ms (a superset's answer lists the whole batch); narrowed within 60 s of indexing at 100,000 rows and 600 s at 1,000,000.
+in at most 150 ms (a superset's answer lists the whole batch); narrowed within 60 s of indexing at 100,000
+rows and 600 s at 1,000,000.
 
     .venv/bin/python bench/black_box_narrowing.py [--sizes 1000,10000,100000,1000000] [--functions …]
 """
