@@ -40,9 +40,8 @@ _FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) RETURN properties({nea
 _INTO = PLANNED_ONCE + "MATCH (b:Row {rid: $rid}) RETURN COUNT { ()-[:DERIVED]->(b) } AS n"
 # A row's every edge in or out, lean (a black box's node: its 1,000,000 rows in or out, which narrowing checks; no
 # far row's properties, no onward count): most of a 1,000,000-row batch's narrowing went to reading them as a
-# walk's step.
-# Its columns come back as four lists of numbers in one record (a list a row, as a step's, passed Neo4j's memory
-# for a transaction, and a record a row costs the driver 20-35 µs).
+# walk's step. Four lists of numbers in one record: not a record an edge (20-35 µs each in the driver), nor a
+# list an edge (more of Neo4j's memory for a transaction, which a step's edges collected so went past).
 _AT = {backward: PLANNED_ONCE + f"MATCH {pattern} RETURN collect({far}.rid) AS far, collect(e.batch) AS batch, "
                  "collect(e.op) AS op, collect(coalesce(e.cols, -1)) AS cols"
        for backward, pattern, far in ((True, "(a:Row)-[e:DERIVED]->(b:Row {rid: $rid})", "a"),

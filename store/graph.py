@@ -111,7 +111,8 @@ BATCH_LINKS = {
 # statement again once the counts have moved enough (``dbms.cypher.statistics_divergence_threshold``), as a
 # 100,000-row batch indexed moves them, and the first question after that paid 100-156 ms a statement, two or
 # three a question (against 3-6 ms with the plan kept; Neo4j 5, 2k rows then 200k more). A plan is still made
-# anew when the schema changes (an index created).
+# anew when the schema changes: a rows' lookup planned before the rid constraint existed scanned 300,000 rows
+# (300 ms), and once it existed, sought them (12 ms), the statement unchanged.
 PLANNED_ONCE = "CYPHER replan=skip "
 BATCH_FIELDS = (
     PLANNED_ONCE + "UNWIND $pairs AS p "
