@@ -250,7 +250,7 @@ class WalkingBackend:
 
     def edges_into(self, rid: int) -> int:
         """How many edges the store holds into the row ``rid``."""
-        return self._question(True).step([rid]).num_rows
+        return self.edges_at(rid, backward=True).num_rows
 
     def edges_at(self, rid: int, backward: bool) -> pa.Table:
         """Every edge into (``backward``) or out of the row ``rid`` the store holds: ``src``, ``dst``, ``batch``,

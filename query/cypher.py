@@ -14,7 +14,7 @@ import pyarrow as pa
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.store.graph import BATCH_FIELDS, PLANNED_ONCE, batch_fields, batch_statuses, gaps_between
+from headwater.store.graph import BATCH_FIELDS, GAPS_BETWEEN, PLANNED_ONCE, batch_fields, batch_statuses, gaps_between
 
 from .backend import ROW_FIELDS, StoreAccess, WalkingBackend, register
 from .question import check_rid
@@ -57,6 +57,7 @@ _CHUNK = 5000  # rids per statement
 PLANNED_SIZES = (1, 10, 100, 1000, _CHUNK)
 # A static table's description: the graph's other datasets (the Kafka topics and streams batches read) are not.
 _STATIC_DATASETS = PLANNED_ONCE + "MATCH (d:Dataset) WHERE d.source = 'static'"
+_EVERY_STATIC_DATASET = _STATIC_DATASETS + " RETURN properties(d) AS p"
 # How long a batch's logged capture status is taken as read before the graph is asked again: questions about
 # the rows of the same few batches (an explorer's page asks three of each) then cost one round trip fewer,
 # and a status logged anew (a batch run again after a restart) shows within this. Batches with no status yet
@@ -76,12 +77,12 @@ class CypherBackend(WalkingBackend):
     def close(self) -> None:
         self._driver.close()
 
-    def _run(self, query: str, **params) -> list[dict]:
-        """The records as dicts. Every statement here returns scalars, lists and maps only, so a record's values
-        are its data as they are: ``Record.data()`` walks each value again (a third of a hub's forward
-        question, 300 rows at 1M edges, went there)."""
+    def _run(self, statement: str, /, **params) -> list[dict]:
+        """The records as dicts (``params`` may name any parameter, ``query`` too). Every statement here returns
+        scalars, lists and maps only, so a record's values are its data as they are: ``Record.data()`` walks each
+        value again (a third of a hub's forward question, 300 rows at 1M edges, went there)."""
         with self._driver.session(database=self.config.graph_database) as s:
-            result = s.run(query, **params)
+            result = s.run(statement, params)
             keys = result.keys()
             return [dict(zip(keys, values)) for values in result]
 
@@ -112,11 +113,11 @@ class CypherBackend(WalkingBackend):
                            for near, far in ends]
             statements += [(_ROWS, {"rids": rids}),
                            (BATCH_FIELDS, {"pairs": [{"query": "", "batch": -r} for r in rids]})]
+        statements += [(_EVERY_STATIC_DATASET, {}),
+                       (GAPS_BETWEEN, {"query": "", "first": 0, "last": 0})]
         for statement, params in statements:
             self._run(statement, **params)
-        self.datasets()
-        gaps_between(self._driver, "", 0, 0, self.config.graph_database)
-        return len(statements) + 2
+        return len(statements)
 
     def _question(self, backward: bool, known: dict[int, dict] | None = None,
                   read: dict[int, list] | None = None) -> StoreAccess:
@@ -185,7 +186,7 @@ class CypherBackend(WalkingBackend):
         return {pair: fields["at"] for pair, fields in found.items()}
 
     def datasets(self) -> dict[str, dict]:
-        return {row["p"]["name"]: row["p"] for row in self._run(_STATIC_DATASETS + " RETURN properties(d) AS p")}
+        return {row["p"]["name"]: row["p"] for row in self._run(_EVERY_STATIC_DATASET)}
 
     def dataset(self, name: str) -> dict | None:
         rows = self._run(_STATIC_DATASETS + " AND d.name = $name RETURN properties(d) AS p", name=name)

@@ -141,12 +141,17 @@ def kafka_rid(topic: str, partition: int, offset: int) -> int:
     return spark_xxhash64(KAFKA, topic, Int(partition), offset)
 
 
+def _kafka_seed(topic: str, partition: int) -> int:
+    """What ``kafka_rid`` hashes a record's offset with: the hash of the rest, unsigned."""
+    return spark_xxhash64(KAFKA, topic, Int(partition)) & _M
+
+
 def kafka_rids(topic: str, partition: int, offsets):
     """``kafka_rid`` of each of ``offsets`` (numbers, or a numpy array) of ``topic``/``partition``, vectorised
     with numpy (a black box's 1,000,000 input records read back: 70 s value by value); an int64 array."""
     import numpy as np
 
-    seed = np.uint64(spark_xxhash64(KAFKA, topic, Int(partition)) & _M)
+    seed = np.uint64(_kafka_seed(topic, partition))
     with np.errstate(over="ignore"):
         return _xxh64_longs(np.asarray(offsets, dtype=np.int64).view(np.uint64), seed).view(np.int64)
 
@@ -160,7 +165,7 @@ def kafka_offset(rid: int, topic: str, partition: int) -> int:
     is a check of its offset ranges, not a scan. The offset may lie outside any range read
     (a rid of another partition, or of no Kafka record, still maps to some offset).
     """
-    seed = spark_xxhash64(KAFKA, topic, Int(partition)) & _M
+    seed = _kafka_seed(topic, partition)
     h = rid & _M
     h ^= h >> 32
     h = (h * _P3_INVERSE) & _M

@@ -107,9 +107,9 @@ class Follower:
                 return all((query, op, batch) in self._done for op in self.narrower.boxes(query, batch))
 
             for batch in batches:
-                boxes = self.narrower.boxes(query, batch)
                 if done(batch):
                     continue
+                boxes = self.narrower.boxes(query, batch)
                 entry = log.batch(query, batch) or {}
                 if entry.get("status") != "full":  # sampled, log-only, failed: no whole superset to narrow
                     if entry.get("status") is not None:  # said for good (none yet: its record still coming)
