@@ -14,7 +14,15 @@ import pyarrow as pa
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.schema import EDGE_SCHEMA
-from headwater.store.graph import BATCH_FIELDS, GAPS_BETWEEN, PLANNED_ONCE, batch_fields, batch_statuses, gaps_between
+from headwater.store.graph import (
+    BATCH_FIELDS,
+    GAPS_BETWEEN,
+    PLANNED_ONCE,
+    SEEK_ROW,
+    batch_fields,
+    batch_statuses,
+    gaps_between,
+)
 
 from .backend import ROW_FIELDS, StoreAccess, WalkingBackend, register
 from .question import check_rid
@@ -26,30 +34,32 @@ from .question import check_rid
 # (below) half the time. A row no edge leads on from is not stepped from (``onward``, 0): a hub's forward
 # question then ends in one round trip, not two (12.8 ms against 28.2 at 1M edges).
 _ONWARD = {"b": "COUNT { (b)-[:DERIVED]->() }", "a": "COUNT { ()-[:DERIVED]->(a) }"}  # by the far end
-# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``): each starts at the rid index. A step's
-# edges come back one record each, streamed: a hub's million edges collected into one record passed Neo4j's
+# Each statement's plan is kept as the graph grows (``PLANNED_ONCE``), each the rid index's seek (``SEEK_ROW``). A
+# step's edges come back one record each, streamed: a hub's million edges collected into one record passed Neo4j's
 # memory for a transaction (``dbms.memory.transaction.total.max``).
-_EDGES = (PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row) WHERE {near}.rid IN $frontier "
+_EDGES = (PLANNED_ONCE + "MATCH (a:Row)-[e:DERIVED]->(b:Row) " + SEEK_ROW.format("{near}")
+          + "WHERE {near}.rid IN $frontier "
           "RETURN {near}.rid AS rid, properties(e) AS e, properties({far}) AS far, {onward} AS onward")
 # A question's start: the row's record and its edges in one round trip, one record (a hub's forward question,
 # 300 rows at 1M edges: median 11.4 ms, against 22.5 ms for a record an edge).
-_FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) RETURN properties({near}) AS row, "
+_FROM = (PLANNED_ONCE + "MATCH ({near}:Row {{rid: $rid}}) " + SEEK_ROW.format("{near}")
+         + "RETURN properties({near}) AS row, "
          "[(a:Row)-[e:DERIVED]->(b:Row) | [properties(e), properties({far}), {onward}]] AS edges")
 # A row's edges in counted from its degree, no edge read (a black box's node of 1,000,000 rows: its edges, with
 # their far rows, took seconds to read).
-_INTO = PLANNED_ONCE + "MATCH (b:Row {rid: $rid}) RETURN COUNT { ()-[:DERIVED]->(b) } AS n"
+_INTO = PLANNED_ONCE + "MATCH (b:Row {rid: $rid}) " + SEEK_ROW.format("b") + "RETURN COUNT { ()-[:DERIVED]->(b) } AS n"
 # A row's every edge in or out, lean (a black box's node: its 1,000,000 rows in or out, which narrowing checks; no
 # far row's properties, no onward count): most of a 1,000,000-row batch's narrowing went to reading them as a
 # walk's step. Four lists of numbers in one record: not a record an edge (20-35 µs each in the driver), nor a
 # list an edge (more of Neo4j's memory for a transaction, which a step's edges collected so went past).
-_AT = {backward: PLANNED_ONCE + f"MATCH {pattern} RETURN collect({far}.rid) AS far, collect(e.batch) AS batch, "
-                 "collect(e.op) AS op, collect(coalesce(e.cols, -1)) AS cols"
-       for backward, pattern, far in ((True, "(a:Row)-[e:DERIVED]->(b:Row {rid: $rid})", "a"),
-                                      (False, "(a:Row {rid: $rid})-[e:DERIVED]->(b:Row)", "b"))}
+_AT = {backward: PLANNED_ONCE + f"MATCH {pattern} {SEEK_ROW.format(near)}RETURN collect({far}.rid) AS far, "
+                 "collect(e.batch) AS batch, collect(e.op) AS op, collect(coalesce(e.cols, -1)) AS cols"
+       for backward, pattern, near, far in ((True, "(a:Row)-[e:DERIVED]->(b:Row {rid: $rid})", "b", "a"),
+                                            (False, "(a:Row {rid: $rid})-[e:DERIVED]->(b:Row)", "a", "b"))}
 # A chunk's rows' records come back in one record (``collect``, at most ``_CHUNK`` rows): the driver's cost a record
 # is most of it (1,000 rows: 16-29 ms against 50-83 ms a record each, Neo4j 5 beside a bench).
-_ROWS = PLANNED_ONCE + "MATCH (n:Row) WHERE n.rid IN $rids RETURN collect([" + ", ".join(f"n.{f}" for f in ROW_FIELDS) \
-    + "]) AS rows"
+_ROWS = PLANNED_ONCE + "MATCH (n:Row) " + SEEK_ROW.format("n") + "WHERE n.rid IN $rids RETURN collect([" \
+    + ", ".join(f"n.{f}" for f in ROW_FIELDS) + "]) AS rows"
 _CHUNK = 5000  # rids per statement
 # Neo4j plans a statement taking a list once for each of these sizes' buckets (1, 2-10, 11-100, 101-1,000 and
 # 1,001-10,000 items; Neo4j 5.26): a plan made again cost the first question with a new size of frontier or of
@@ -98,11 +108,10 @@ class CypherBackend(WalkingBackend):
         record = {f: rows[0]["row"].get(f) for f in ROW_FIELDS}
         return self._question(backward, {rid: record}, {rid: rows[0]["edges"]})
 
-    def plan_questions(self) -> int:
-        """Have the graph plan each statement a question runs, asking about rids and a batch it does not hold: a
-        new server's first question then finds the plans made (the first question on a fresh Neo4j spent 0.5 s
-        in the planner). A statement taking a list is planned for each size of list Neo4j plans apart
-        (``PLANNED_SIZES``). The statements it ran."""
+    @staticmethod
+    def question_statements() -> list[tuple[str, dict[str, Any]]]:
+        """Each statement a question runs, with parameters about rids and a batch the graph does not hold; a
+        statement taking a list once for each size of list Neo4j plans apart (``PLANNED_SIZES``)."""
         ends = (("b", "a"), ("a", "b"))
         statements: list[tuple[str, dict[str, Any]]] = [
             (_FROM.format(near=near, far=far, onward=_ONWARD[far]), {"rid": 0}) for near, far in ends]
@@ -115,6 +124,13 @@ class CypherBackend(WalkingBackend):
                            (BATCH_FIELDS, {"pairs": [{"query": "", "batch": -r} for r in rids]})]
         statements += [(_EVERY_STATIC_DATASET, {}),
                        (GAPS_BETWEEN, {"query": "", "first": 0, "last": 0})]
+        return statements
+
+    def plan_questions(self) -> int:
+        """Have the graph plan each statement a question runs (``question_statements``): a new server's first
+        question then finds the plans made (the first question on a fresh Neo4j spent 0.5 s in the planner). The
+        statements it ran."""
+        statements = self.question_statements()
         for statement, params in statements:
             self._run(statement, **params)
         return len(statements)

@@ -114,13 +114,21 @@ BATCH_LINKS = {
 # anew when the schema changes: a rows' lookup planned before the rid constraint existed scanned 300,000 rows
 # (300 ms), and once it existed, sought them (12 ms), the statement unchanged.
 PLANNED_ONCE = "CYPHER replan=skip "
+# A kept plan must be the index's seek whatever the counts were when it was made, so each statement names its
+# index's seek (``USING INDEX SEEK``). Planned while the rid index had rows but no sample yet, as just after a
+# first batch is indexed, Neo4j scanned the whole index instead for a step's edges (``IndexSelectivity`` 0.0 in
+# its log); kept, that scan cost each step 84-188 ms once the graph held 300,000 more rows, against 7-24 ms
+# hinted (a fresh Neo4j 5; in the narrowing bench the first question of a 100,000-row batch took 0.29 s). A hint
+# naming an index not made yet plans without it, and making the index plans anew.
+SEEK_ROW = "USING INDEX SEEK {}:Row(rid) "
+SEEK_BATCH = "USING INDEX SEEK b:Batch(query, batch) "
 BATCH_FIELDS = (
     PLANNED_ONCE + "UNWIND $pairs AS p "
-    "MATCH (b:Batch {query: p.query, batch: p.batch}) "
-    "RETURN b.query AS query, b.batch AS batch, b.status AS status, b.at AS at"
+    "MATCH (b:Batch {query: p.query, batch: p.batch}) " + SEEK_BATCH
+    + "RETURN b.query AS query, b.batch AS batch, b.status AS status, b.at AS at"
 )
 GAPS_BETWEEN = (
-    PLANNED_ONCE + "MATCH (b:Batch {query: $query}) WHERE b.batch >= $first AND b.batch <= $last "
+    PLANNED_ONCE + "MATCH (b:Batch {query: $query}) " + SEEK_BATCH + "WHERE b.batch >= $first AND b.batch <= $last "
     "AND (b.status IS NULL OR b.status <> 'full') "
     "RETURN b.batch AS batch, b.status AS status"
 )
