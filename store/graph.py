@@ -14,6 +14,7 @@ and what it had committed is then skipped or merged.
 from __future__ import annotations
 
 import json
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterable
@@ -21,7 +22,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from neo4j.exceptions import ClientError, TransientError
+from neo4j.exceptions import ClientError, Neo4jError, ResultFailedError, TransientError
 
 from headwater.adapters.graph import driver
 from headwater.core.config import Config
@@ -134,6 +135,11 @@ GAPS_BETWEEN = (
 )
 
 CHUNK = 5000  # rows per statement
+# A write's transaction is tried again this many times in all when the graph failed it for now (a deadlock between
+# the write's own sessions, on a hub's relationship groups). The driver tries a transaction again itself, but not
+# when the failure came back at a statement's start (neo4j 6.4): its rollback then reads the failed result, which
+# raises ``ResultFailedError``, not retryable, the deadlock its cause (a 1,000,000-row grouped batch, 2026-12-06).
+WRITE_ATTEMPTS = 5
 
 
 def _rows(table: pa.Table) -> list[dict]:
@@ -256,8 +262,18 @@ class GraphWriter:
                     for rows in chunks:
                         tx.run(statement, rows=rows).consume()
 
-            with self._session() as s:
-                s.execute_write(work)
+            for attempt in range(WRITE_ATTEMPTS):
+                try:
+                    with self._session() as s:
+                        s.execute_write(work)
+                    return
+                except ResultFailedError as exc:
+                    cause = exc.__cause__
+                    if not isinstance(cause, Neo4jError) or not cause.is_retryable():
+                        raise
+                    if attempt == WRITE_ATTEMPTS - 1:
+                        raise cause from exc  # a store away for now, to the indexer: it writes the range again
+                    time.sleep(random.uniform(0.5, 1.5) * (attempt + 1))
 
         done, _ = wait([self._pool.submit(run, statements) for statements in transactions])
         for future in done:

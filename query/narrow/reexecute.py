@@ -482,13 +482,15 @@ def narrow_stateful(fn: Function, batches: list[tuple[int, pa.Table]], complete_
 
 
 def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, dict]:
-    """(per batch, the Counter of output digests), (per batch, digest -> [(batch, row)…])."""
+    """(per batch, the Counter of output digests), (per batch, digest -> [(batch, row)…], sorted). The digests of
+    one call share one list, as ``_lineage``'s do: a sessionisation's 1,000,000-row batch, each output row holding
+    its key's 10,000 rows in a set of its own, went past the worker's memory."""
     from pyspark.sql.streaming.state import GroupState
 
     states: dict[tuple, Row] = {}  # key -> state value, absent: none
-    since: dict[tuple, list] = {}  # key -> (batch, row) of its rows since it last had no state
+    since: dict[tuple, list] = {}  # key -> (batch, row) of its rows since it last had no state, in order
     outputs: dict[int, Counter] = {}
-    lineage: dict[int, dict[int, set]] = {}
+    lineage: dict[int, dict[int, list]] = {}
     for batch, table in batches:
         out_batch: Counter = Counter()
         for group in _key_groups(table, fn.keys):
@@ -509,7 +511,10 @@ def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, di
             elif state._updated:
                 states[key] = state._value
             out_batch.update(found)
+            rows = list(since[key])  # sorted: batches in order, a key's rows in a batch in order (``_key_groups``)
+            of_batch = lineage.setdefault(batch, {})
             for digest in found:
-                lineage.setdefault(batch, {}).setdefault(digest, set()).update(since[key])
+                had = of_batch.get(digest)  # a row alike out of two keys' calls derives from both
+                of_batch[digest] = rows if had is None else sorted(set(had) | set(rows))
         outputs[batch] = out_batch
-    return outputs, {b: {d: sorted(rows) for d, rows in found.items()} for b, found in lineage.items()}
+    return outputs, lineage
