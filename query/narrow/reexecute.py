@@ -511,6 +511,8 @@ def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, di
             elif state._updated:
                 states[key] = state._value
             out_batch.update(found)
+            if not found:
+                continue
             rows = list(since[key])  # sorted: batches in order, a key's rows in a batch in order (``_key_groups``)
             of_batch = lineage.setdefault(batch, {})
             for digest in found:
