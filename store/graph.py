@@ -14,6 +14,7 @@ and what it had committed is then skipped or merged.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -28,6 +29,8 @@ from headwater.adapters.graph import driver
 from headwater.core.config import Config
 from headwater.core.offsets import read_ranges
 from headwater.core.rid import table_dataset
+
+log = logging.getLogger("headwater.store")
 
 SCHEMA_STATEMENTS = (
     "CREATE CONSTRAINT row_rid IF NOT EXISTS FOR (n:Row) REQUIRE n.rid IS UNIQUE",
@@ -273,6 +276,8 @@ class GraphWriter:
                         raise
                     if attempt == WRITE_ATTEMPTS - 1:
                         raise cause from exc  # a store away for now, to the indexer: it writes the range again
+                    log.warning("graph write failed for now (%s), trying it again (%d of %d)", cause.code,
+                                attempt + 2, WRITE_ATTEMPTS)
                     time.sleep(random.uniform(0.5, 1.5) * (attempt + 1))
 
         done, _ = wait([self._pool.submit(run, statements) for statements in transactions])

@@ -267,6 +267,13 @@ def _plain(row):
     return list(row) if isinstance(row, tuple) else row
 
 
+def _derives_from(lineage: dict[int, list[int]], digest: int, rows: list[int]) -> None:
+    """``rows`` (sorted) into ``digest``'s lineage: the list itself where the digest has none yet, so that the
+    digests of one call share it; merged where a row alike came out of another call too (it derives from both)."""
+    had = lineage.get(digest)
+    lineage[digest] = rows if had is None else sorted(set(had) | set(rows))
+
+
 def _lineage(groups: list[list[int]], outputs: list[Counter]) -> dict[int, list[int]]:
     """Per output digest, the sorted rows of the calls it came out of. The digests of one call share one
     list: a grouped batch of 100,000 rows in groups of 1,000 holds 100 lists, not 100,000 (4 GB)."""
@@ -274,8 +281,7 @@ def _lineage(groups: list[list[int]], outputs: list[Counter]) -> dict[int, list[
     for group, out in zip(groups, outputs):
         rows = sorted(group)
         for digest in out:
-            had = lineage.get(digest)  # a row alike out of two calls derives from both
-            lineage[digest] = rows if had is None else sorted(set(had) | set(rows))
+            _derives_from(lineage, digest, rows)
     return lineage
 
 
@@ -379,8 +385,7 @@ class Coded:
             made, rows_of = found
             total.update(made)
             for digest, rows in rows_of.items():
-                had = lineage.get(digest)
-                lineage[digest] = rows if had is None else sorted(set(had) | set(rows))
+                _derives_from(lineage, digest, rows)
         if total != first:
             return "the chunks' outputs do not add up to the batch's"
         return lineage
@@ -516,7 +521,6 @@ def _replay(fn: Function, batches: list[tuple[int, pa.Table]]) -> tuple[dict, di
             rows = list(since[key])  # sorted: batches in order, a key's rows in a batch in order (``_key_groups``)
             of_batch = lineage.setdefault(batch, {})
             for digest in found:
-                had = of_batch.get(digest)  # a row alike out of two keys' calls derives from both
-                of_batch[digest] = rows if had is None else sorted(set(had) | set(rows))
+                _derives_from(of_batch, digest, rows)
         outputs[batch] = out_batch
     return outputs, lineage

@@ -500,6 +500,24 @@ def test_the_narrowing_key_reaches_the_query_service_from_a_secret(helm, values,
         assert base64.b64decode(data["narrowing-key"]).decode() == "shared-with-the-spark-jobs"
 
 
+@pytest.mark.parametrize("key", ["query.auth.token", "graph.password", "kafka.sasl.password", "query.narrowing.key",
+                                 "store.s3.secretAccessKey"])
+def test_a_secret_value_the_chart_holds_rolls_every_workload(helm, key):
+    """Each workload's checksum/secret changes with any secret value the chart's Secret holds, so its pods restart
+    with the new value; the same values render the same checksums."""
+    base = {**S3_SETS, **SECRET_SETS}
+
+    def checksums(values: dict) -> dict[str, str]:
+        return {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/secret"]
+                for d in render(helm, *sets(values)) if d["kind"] in WORKLOADS}
+
+    before = checksums(base)
+    assert set(before) == {"hw-headwater-indexer", "hw-headwater-query", "hw-headwater-narrow"}
+    assert checksums(base) == before
+    after = checksums({**base, key: base[key] + "-rotated"})
+    assert [name for name in before if after[name] == before[name]] == []
+
+
 def test_the_narrower_runs_with_a_key_and_a_shared_store(helm):
     """headwater narrow --follow runs beside the indexer where black boxes can be narrowed: a narrowing key and a
     store the narrower reads the batch log from and keeps its narrowings in (S3, or a shared claim it writes)."""

@@ -50,7 +50,7 @@ class FailingFirst:
 
 @pytest.mark.stack
 @pytest.mark.parametrize("failures", [1, graph.WRITE_ATTEMPTS])
-def test_a_write_the_graph_ended_for_now_is_tried_again_then_left_to_the_indexer(stack_config, monkeypatch,
+def test_a_write_the_graph_ended_for_now_is_tried_again_then_left_to_the_indexer(stack_config, monkeypatch, caplog,
                                                                                  failures):
     probe = f"p-{uuid.uuid4().hex}"
     writer = GraphWriter(stack_config)
@@ -72,6 +72,11 @@ def test_a_write_the_graph_ended_for_now_is_tried_again_then_left_to_the_indexer
             tries = s.run("MATCH (n:WriteProbe {id: $id}) RETURN n.tries AS tries", id=probe).single()["tries"]
         # Once, whatever the tries before: a try the graph ended wrote nothing.
         assert tries == (1 if failures < graph.WRITE_ATTEMPTS else None)
+        # Each try again is said; the last try's failure goes to the indexer instead.
+        tried_again = range(2, min(failures + 1, graph.WRITE_ATTEMPTS) + 1)
+        assert [r.getMessage() for r in caplog.records if r.name == "headwater.store"] == \
+            [f"graph write failed for now (Neo.TransientError.Transaction.DeadlockDetected), trying it again "
+             f"({n} of {graph.WRITE_ATTEMPTS})" for n in tried_again]
     finally:
         with writer._session() as s:
             s.run("MATCH (n:WriteProbe {id: $id}) DELETE n", id=probe).consume()

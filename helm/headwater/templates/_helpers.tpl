@@ -153,5 +153,5 @@ Changes when a secret value the chart holds changes, so the pods roll (a generat
 is kept, so it never does); a Secret of yours is yours to roll after.
 */}}
 {{- define "headwater.secretChecksum" -}}
-{{ list .Values.query.auth .Values.graph .Values.kafka.sasl .Values.store.s3 | toJson | sha256sum }}
+{{ list .Values.query.auth .Values.query.narrowing .Values.graph .Values.kafka.sasl .Values.store.s3 | toJson | sha256sum }}
 {{- end }}
