@@ -94,19 +94,29 @@ def own_topics(stack_config, prefix: str = "t"):
 
 
 def topic_records(config, topic: str) -> list:
-    """Every record on ``topic``, partition by partition, read with the config's security settings."""
+    """Every record on ``topic`` when called, partition by partition, read with the config's security settings:
+    read up to each partition's end offset of that moment, so it returns as soon as it has them (no idle wait)."""
+    import time
+
     from kafka import TopicPartition
 
     from headwater.adapters.kafka import consumer
 
-    client = consumer(config, consumer_timeout_ms=3000)
+    client = consumer(config)
     try:
         partitions = [TopicPartition(topic, p) for p in sorted(client.partitions_for_topic(topic) or [])]
         if not partitions:
             return []
         client.assign(partitions)
         client.seek_to_beginning(*partitions)
-        return list(client)
+        ends = client.end_offsets(partitions)
+        records: dict = {tp: [] for tp in partitions}
+        deadline = time.monotonic() + 60
+        while any(client.position(tp) < ends[tp] for tp in partitions):
+            assert time.monotonic() < deadline, f"{topic}: could not read up to its end offsets {ends} in 60 s"
+            for tp, batch in client.poll(timeout_ms=500).items():
+                records[tp].extend(m for m in batch if m.offset < ends[tp])
+        return [m for tp in partitions for m in records[tp]]
     finally:
         client.close()
 

@@ -1,13 +1,14 @@
 """Aggregations and deduplication: lineage of rows emitted across micro-batches.
 
-Events arrive in rounds; each round is read by one ``availableNow`` run of the same
-checkpointed query, traced and untraced alike over one topic, so both see the same
-micro-batches. Every output row also collects the ids of the events Spark aggregated into it, and the
-oracle checks those against a plain-Python recomputation (count, sum, min, max, the
-events of the group read so far) and then demands that the captured lineage be exactly
-the Kafka records of those ids. Late events, far behind the watermark, must appear in
-no output and no lineage where the state is keyed by event time (windows, a dedup key
-holding the timestamp); a group keyed without event time takes them like any other.
+Events arrive in rounds, a round a micro-batch (``maxOffsetsPerTrigger``), traced and untraced alike over
+one topic, so both see the same micro-batches: two rounds are produced, then read by one ``availableNow`` run
+of the checkpointed query, then two more by a second run, which resumes from the checkpoint (the state, the
+watermark, and capture's state nodes). Every output row also collects the ids of the events Spark aggregated
+into it, and the oracle checks those against a plain-Python recomputation (count, sum, min, max, the events of
+the group read so far) and then demands that the captured lineage be exactly the Kafka records of those ids.
+Late events, far behind the watermark, must appear in no output and no lineage where the state is keyed by
+event time (windows, a dedup key holding the timestamp); a group keyed without event time takes them like any
+other.
 """
 
 from __future__ import annotations
@@ -30,26 +31,35 @@ from tests.oracle import as_input
 pytestmark = pytest.mark.every_line  # runs on every supported Spark line (./dev test)
 
 ROUNDS = 4
+ROUNDS_A_RUN = 2  # rounds produced, then read by one availableNow run: the second run resumes from the checkpoint
+ROUND_SIZE = 14  # events a round, and a batch (maxOffsetsPerTrigger)
 LATE_IDS = (900, 901)
 
 
 def rounds() -> list[list[dict]]:
     out = []
     for r in range(ROUNDS):
+        last = r == ROUNDS - 1
         events = [{"id": r * 100 + i, "k": i % 4, "v": (i * 7 + r) % 23 - 5, "t": at(r * 40 + i * 2)}
-                  for i in range(12)]
-        if r == ROUNDS - 1:
-            # Each availableNow run resumes with the watermark its last batch ran with (one
-            # round behind): by the last round it is past 50 s, so t=1 s is late.
+                  for i in range(ROUND_SIZE - (len(LATE_IDS) if last else 0))]
+        if last:
+            # Each batch runs with the watermark of the batches before it (one round behind), across a
+            # restart too: by the last round it is past 50 s, so t=1 s is late.
             events += [{"id": LATE_IDS[0], "k": 0, "v": 1000, "t": at(1)},
                        {"id": LATE_IDS[1], "k": 1, "v": -1000, "t": at(3)}]
         out.append(events)
     return out
 
 
+def runs_of_rounds() -> list[list[list[dict]]]:
+    """The rounds, as each ``availableNow`` run reads them: ``ROUNDS_A_RUN`` rounds a run."""
+    every = rounds()
+    return [every[at:at + ROUNDS_A_RUN] for at in range(0, ROUNDS, ROUNDS_A_RUN)]
+
+
 def events_frame(spark, bootstrap, topic):
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("startingOffsets", "earliest")
+           .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", ROUND_SIZE)
            .option("subscribe", topic).load())
     parsed = raw.select(F.from_json(F.col("value").cast("string"), "id long, k int, v int, t string").alias("e"))
     return parsed.select("e.*").withColumn("ts", F.col("t").cast("timestamp")).drop("t") \
@@ -110,8 +120,8 @@ def sink_of(workdir, topic: str, traced: bool = True) -> str:
 
 
 def start(spark, config, workdir, name: str, topic: str, tracer=None):
-    """One ``availableNow`` run of query ``name`` over ``topic``, traced by ``tracer`` (named as the topic)
-    or not, into its sink (``sink_of``) from its checkpoint beside it."""
+    """One ``availableNow`` run of query ``name`` over ``topic`` (a batch a round produced since the last run),
+    traced by ``tracer`` (named as the topic) or not, into its sink (``sink_of``) from its checkpoint beside it."""
     build, mode = QUERIES[name]
     sink = sink_of(workdir, topic, tracer is not None)
     checkpoint = f"{sink}-checkpoint"
@@ -131,12 +141,13 @@ def produce(config, topic: str, events: list[dict], coordinates: dict) -> None:
 
 
 def run(spark, config, workdir, name: str, topic: str, tracer=None) -> dict:
-    """All rounds through query ``name`` alone (``start``), each produced into ``topic`` then read by one
-    ``availableNow`` run; id → Kafka coordinates."""
+    """All rounds through query ``name`` alone (``start``), ``ROUNDS_A_RUN`` produced into ``topic`` then read by
+    one ``availableNow`` run, a batch each; id → Kafka coordinates."""
     ensure_topics(config.bootstrap, [topic], 1)
     coordinates = {}
-    for events in rounds():
-        produce(config, topic, events, coordinates)
+    for run_rounds in runs_of_rounds():
+        for events in run_rounds:
+            produce(config, topic, events, coordinates)
         query = start(spark, config, workdir, name, topic, tracer)
         query.awaitTermination(120)
         assert query.exception() is None, query.exception()
@@ -145,10 +156,10 @@ def run(spark, config, workdir, name: str, topic: str, tracer=None) -> dict:
 
 @pytest.fixture(scope="module")
 def aggregated(spark, stack_config, tmp_path_factory):
-    """Every query traced and untraced through all rounds: each round produced into each query's topic,
-    then read by one ``availableNow`` run of all of them at once (their batches interleave, which saves
-    the suite minutes), then indexed once. ``(config, {name: (traced rows, untraced rows, id → Kafka
-    coordinates)})``."""
+    """Every query traced and untraced through all rounds: ``ROUNDS_A_RUN`` rounds produced into each query's
+    topic, then read by one ``availableNow`` run of all of them at once (their batches interleave, which saves
+    the suite minutes), a batch a round, then the next rounds the same way; then indexed once.
+    ``(config, {name: (traced rows, untraced rows, id → Kafka coordinates)})``."""
     config, tag = own_topics(stack_config, "agg")
     workdir = tmp_path_factory.mktemp("agg")
     topics = {name: f"agg-{tag}-{name}" for name in QUERIES}
@@ -157,10 +168,11 @@ def aggregated(spark, stack_config, tmp_path_factory):
     tracer = attach(spark, config)
     runs = []
     try:
-        for events in rounds():
+        for run_rounds in runs_of_rounds():
             runs.clear()
             for name, topic in topics.items():
-                produce(config, topic, events, coordinates[name])
+                for events in run_rounds:
+                    produce(config, topic, events, coordinates[name])
                 for by in (tracer, None):
                     while_initializing(runs)
                     runs.append(start(spark, config, workdir, name, topic, by))

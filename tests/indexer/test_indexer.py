@@ -15,7 +15,7 @@ from headwater.adapters.kafka import ensure_topics, producer
 from headwater.core.schema import EDGE_SCHEMA, LOG_BATCH, LOG_PROGRESS, NODE_SCHEMA, encode_lineage, encode_log
 from headwater.query.api import LineageClient
 from headwater.store.graph import GraphWriter
-from tests.conftest import index
+from tests.conftest import index, topic_records
 
 
 def lineage_payload(src: int, dst: int) -> bytes:
@@ -57,10 +57,7 @@ def test_bad_messages_go_to_the_dlq_and_good_ones_around_them_are_indexed(config
     assert lag == 0  # set from the fetched high-water mark, and caught up
     assert sample("headwater_indexer_write_seconds_count", store="graph") > 0
 
-    dlq = KafkaConsumer(config.dlq_topic, bootstrap_servers=config.bootstrap, auto_offset_reset="earliest",
-                        consumer_timeout_ms=3000)
-    dead = list(dlq)
-    dlq.close()
+    dead = topic_records(config, config.dlq_topic)
     reasons = sorted(dict(m.headers)["reason"].decode() for m in dead)
     assert len(dead) == 2
     assert "bad magic" in reasons[1] and "schema" in reasons[0]
