@@ -95,30 +95,19 @@ def own_topics(stack_config, prefix: str = "t"):
 
 def topic_records(config, topic: str) -> list:
     """Every record on ``topic`` when called, partition by partition, read with the config's security settings:
-    read up to each partition's end offset of that moment, so it returns as soon as it has them (no idle wait)."""
-    import time
-
+    up to each partition's end offset of that moment (``records_between``), so it returns as soon as it has them."""
     from kafka import TopicPartition
 
-    from headwater.adapters.kafka import consumer
+    from headwater.adapters.kafka import consumer, records_between
 
     client = consumer(config)
     try:
         partitions = [TopicPartition(topic, p) for p in sorted(client.partitions_for_topic(topic) or [])]
-        if not partitions:
-            return []
-        client.assign(partitions)
-        client.seek_to_beginning(*partitions)
-        ends = client.end_offsets(partitions)
-        records: dict = {tp: [] for tp in partitions}
-        deadline = time.monotonic() + 60
-        while any(client.position(tp) < ends[tp] for tp in partitions):
-            assert time.monotonic() < deadline, f"{topic}: could not read up to its end offsets {ends} in 60 s"
-            for tp, batch in client.poll(timeout_ms=500).items():
-                records[tp].extend(m for m in batch if m.offset < ends[tp])
-        return [m for tp in partitions for m in records[tp]]
+        firsts, ends = client.beginning_offsets(partitions), client.end_offsets(partitions)
     finally:
         client.close()
+    ranges = {(topic, tp.partition): (firsts[tp], ends[tp]) for tp in partitions}
+    return sorted(records_between(config, ranges, timeout_s=60, whole=True), key=lambda m: (m.partition, m.offset))
 
 
 def read_log(config) -> list[dict]:
