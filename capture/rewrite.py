@@ -21,9 +21,9 @@ superset by re-running the user's function (``headwater.query.narrow``).
 A stateful aggregate gets state nodes (DESIGN §2): one per group and input column, named
 by its state key ``xxhash64(STATE, query, op, input, key values…)``. Above the aggregate,
 each input's rid column is replaced by a struct of that key, an output expression of the
-group's key values, so Spark's state holds nothing of headwater's. Right below it, a filter
-that keeps every row hands the rows entering the aggregate (their rid columns and state
-keys, nothing of the user's columns) to ``entering``, which journals each one's edge to
+group's key values, so Spark's state holds nothing of headwater's. Right below it, a column
+(``ENTERING_COLUMN``, kept by a filter and then dropped) hands the rows entering the aggregate (their rid
+columns and state keys, nothing of the user's columns) to ``entering``, which journals each one's edge to
 its group's state node from the task, once, in the batch it enters (``state_nodes.py``).
 
 Operators not handled here raise ``UnsupportedPlanError`` naming the node, rather than
@@ -48,6 +48,7 @@ from .spark_plan import Jvm, analyzed, digested, plan_ir, preorder, python_funct
 SOURCE_PREFIX = "_hw_src_"
 RID_COLUMN = "_hw_rid"
 BLACK_BOX_MARKER = "_hw_bb"
+ENTERING_COLUMN = "_hw_entering"  # below a stateful aggregate, true once its journal filter has journaled the row
 
 # Operators whose output rows are rows of their child, kept, dropped, reordered or moved, with at most
 # new columns: the rid columns pass through them as they are. Deduplicate keeps one row per key, its
@@ -242,7 +243,12 @@ def state_nodes(jvm: Jvm, original, node: PlanNode, plan, attrs: list, traced: d
                  tuple(masks.get(s.node_id, -1) for s in inputs), late_key)
     if entering is not None:
         fields = keys + [F.col(a.name()) for a in attrs] + ([late] if late is not None else [])
-        plan = analyzed(child.where(entering(op, child, fields)))
+        # The journal's call is a column of its own projection, and the filter reads only that column: a filter
+        # whose condition held the call would be pushed by Spark's optimizer through the projection computing the
+        # grouping keys (a window's struct), copying their expressions into it once per state key and for the
+        # late column, a plan Spark plans and generates code for in every batch (capture/README, "The hot path").
+        journaled = child.select("*", entering(op, child, fields).alias(ENTERING_COLUMN))
+        plan = analyzed(journaled.where(F.col(ENTERING_COLUMN)).drop(ENTERING_COLUMN))
         child = jvm.dataframe(plan)
     helper = analyzed(child.groupBy(*keys_of).agg(*[F.struct(k.alias("rid")).alias(c) for k, c in zip(keys, columns)]))
     extra = Jvm.items(helper.aggregateExpressions())[-len(columns):]

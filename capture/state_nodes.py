@@ -1,7 +1,7 @@
 """Journaling the rows that enter a stateful aggregate, from the tasks that feed it.
 
-``rewrite.state_nodes`` puts a filter right below each stateful aggregate whose condition is the
-aggregate's journal filter (``entering_column``, a ``jar.Journals`` column): it gets, per row, only
+``rewrite.state_nodes`` puts right below each stateful aggregate a column that is the aggregate's journal
+filter (``entering_column``, a ``jar.Journals`` column; a filter on it keeps the rows): it gets, per row, only
 the narrow lineage columns (each input's state key ``k<i>`` and rid struct ``s<i>``, and the watermark
 column ``late``) while the user's columns stay where they are, keeps every row, and journals one edge
 per row and input: input row -> its group's state node, tagged with the batch. It runs inside the

@@ -448,3 +448,30 @@ def test_a_group_fed_by_a_batch_not_captured_names_it_as_a_gap(spark, stack_conf
                 captured = {rid_of[k] for k in outputs_of[row["id"]] if k[1] not in skipped}
                 assert {x.rid for x in answer if x.exact} == captured, row
                 assert gaps == skipped and not answer.complete, row
+
+
+def test_the_rows_entering_a_window_are_journaled_without_copying_the_window_into_the_plan(spark, stack_config):
+    """The journal's call below an aggregate is a column of its own projection: in a filter's condition Spark's
+    optimizer pushed it through the projection computing the window, copying the window's expression into it
+    for the state key and again for the late column, a larger plan planned every batch (capture/README, "The hot
+    path"). Traced, the optimized plan computes the window as often as untraced."""
+    events = spark.readStream.format("kafka").option("kafka.bootstrap.servers", stack_config.bootstrap) \
+        .option("subscribe", f"plan-{uuid.uuid4().hex[:8]}").load()
+    counts = events.select(F.col("timestamp").alias("t"), F.col("partition").alias("k")) \
+        .withWatermark("t", "10 seconds").groupBy(F.window("t", "10 seconds"), "k").count()
+    tracer = attach(spark, stack_config)
+    try:
+        traced = tracer.trace(counts, name=f"plan-{uuid.uuid4().hex[:8]}").threaded.df
+
+        def optimized(frame) -> str:  # as a micro-batch's plan is optimized (Spark 3.5 refuses a streaming frame's own)
+            return spark._jsparkSession.sessionState().optimizer().execute(frame._jdf.queryExecution().analyzed()) \
+                .toString()
+
+        def windows(frame) -> int:  # Spark's window start and end, each a few precise timestamp conversions
+            return optimized(frame).count("precisetimestampconversion")
+
+        assert windows(counts) > 0
+        assert windows(traced) == windows(counts)
+        assert "journal.test" in optimized(traced)
+    finally:
+        tracer.close()
