@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import uuid
 from collections import Counter
@@ -179,6 +180,38 @@ def same_rows(traced: list[dict], untraced: list[dict], expected: dict) -> None:
     assert Counter(map(key, traced)) == Counter(map(key, untraced))
     assert sorted(r["id"] for r in untraced) == sorted(expected)
     assert None not in rids and len(set(rids)) == len(rids)
+
+
+def test_file_sink_lists_each_batch_s_files_across_compactions(spark, tmp_path):
+    """``FileSink.files``, what each batch's capture record lists: batch ``b`` of a stream reading one input file
+    a batch wrote exactly the files holding input ``b``'s rows, at compactions too (every second batch here),
+    whether read batch after batch, as the tracer does, or a compaction alone."""
+    inputs, sink = tmp_path / "in", str(tmp_path / "sink")
+    inputs.mkdir()
+    batches = 7  # compactions at 1, 3 and 5: each after another
+    for b in range(batches):
+        path = inputs / f"{b:02d}.json"
+        path.write_text("".join(json.dumps({"id": 10 * b + i}) + "\n" for i in range(10)))
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # Spark's file source takes the oldest first
+    spark.conf.set(COMPACT_INTERVAL, "2")
+    try:
+        query = (spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(str(inputs))
+                 .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "cp"))
+                 .trigger(availableNow=True).start(sink))
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+        assert sorted(p.name for p in Path(sink, "_spark_metadata").glob("*.compact")) == \
+            ["1.compact", "3.compact", "5.compact"]
+        in_order = FileSink(spark, None, sink)
+        listed = {b: in_order.files(b) for b in range(batches)}
+        assert FileSink(spark, None, sink).files(5) == listed[5]  # no entry read before
+    finally:
+        spark.conf.unset(COMPACT_INTERVAL)
+    for b, files in listed.items():
+        ids = sorted(pq.read_table([local_file(f) for f in files]).column("id").to_pylist())
+        assert ids == list(range(10 * b, 10 * b + 10)), b
+    on_disk = {str(p.resolve()) for p in Path(sink).glob("part-*.parquet")}
+    assert sorted(local_file(f) for fs in listed.values() for f in fs) == sorted(on_disk)
 
 
 @pytest.mark.parametrize("kind", list(FILE_SINKS))
