@@ -199,6 +199,7 @@ def test_file_sink_lists_each_batch_s_files_across_compactions(spark, tmp_path):
                  .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "cp"))
                  .trigger(availableNow=True).start(sink))
         query.awaitTermination(120)
+        query.stop()  # stopped already, unless it overran its time
         assert query.exception() is None, query.exception()
         assert sorted(p.name for p in Path(sink, "_spark_metadata").glob("*.compact")) == \
             ["1.compact", "3.compact", "5.compact"]
