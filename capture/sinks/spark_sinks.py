@@ -72,10 +72,21 @@ class FileSink(SparkSink):
         # The entries ``files`` read since the latest compaction (and it), by batch: a compaction's files take
         # them all, and each batch's ``files`` has read its own already (an entry never changes once written).
         self._read: OrderedDict[int, set[str]] = OrderedDict()
+        # The log's latest batch, read once a run: this sink, opened for one query's run, is the log's one
+        # writer (Spark's file sink has one), so after that only its own writes move it. Reading it lists
+        # ``_spark_metadata``, a LIST on object storage (1.5-2.3 ms a batch on a local disk).
+        self._latest: int | None = None
+
+    def write(self, df: DataFrame, batch_id: int) -> None:
+        super().write(df, batch_id)
+        if self._latest is not None:  # Spark's sink wrote the batch, or skipped it as a batch its log holds
+            self._latest = max(self._latest, batch_id)
 
     def latest_batch(self) -> int:
-        latest = self._log.getLatestBatchId()
-        return int(latest.get()) if latest.isDefined() else -1
+        if self._latest is None:
+            latest = self._log.getLatestBatchId()
+            self._latest = int(latest.get()) if latest.isDefined() else -1
+        return self._latest
 
     def files(self, batch_id: int) -> list[str] | None:
         """The batch's files as its log entry lists them (``headwater.core.sink_log``). The log

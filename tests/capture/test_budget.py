@@ -178,7 +178,8 @@ def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_ri
     per-batch hook), each row's ``_hw_rid`` is the rid full capture's hook gives the same row of the same
     batch, and each batch's capture record comes from its progress: ``log-only``, with the files it wrote;
     a batch run again after its write (the commit lost) says ``sink_written_before``; a new checkpoint over
-    the sink logs the batches Spark's sink skips ``failed``, as the hook says them."""
+    the sink logs the batches Spark's sink skips ``failed``, as the hook says them. Full capture's hook over
+    another run's sink alike: it skips the batches the sink's log holds, and writes the next ones."""
     import shutil
 
     import pyarrow as pa
@@ -243,3 +244,19 @@ def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_ri
     assert all(r["sink_files"] and r["capture_seconds"] == 0.0 for r in logged[:3])
     assert [(r["batch"], r["status"]) for r in logged[4:]] == [(0, "failed"), (1, "failed"), (2, LOG_ONLY)]
     assert "written by another run" in logged[4]["error"] and logged[6]["sink_written_before"] is True
+
+    # Full capture over another run's sink: the hook reads the sink's latest batch once a run (2 here), skips
+    # batches 0 and 1, takes batch 2 as written (as log-only does), and writes batches 3 and 4.
+    for number in (3, 4):
+        pq.write_table(pa.Table.from_pylist([{"id": number * 100 + i, "v": i % 7} for i in range(40)]),
+                       folder / f"part-{number}.parquet")
+        os.utime(folder / f"part-{number}.parquet", (1_000_000 + number, 1_000_000 + number))
+    run("full", "cp-full-other", 5)
+    written = rids()
+    assert {i: r for i, r in written.items() if i < 300} == by_hook
+    assert sorted(i for i in written if i >= 300) == [n * 100 + i for n in (3, 4) for i in range(40) if i % 7 < 6]
+    assert all(written[i] is not None for i in written)
+    records = [r for r in read_log(config) if r["schema"] == LOG_BATCH and r["query"] == name]
+    assert [(r["batch"], r["status"], r.get("sink_written_before")) for r in records[10:]] == \
+        [(0, "failed", None), (1, "failed", None), (2, "full", True), (3, "full", None), (4, "full", None)]
+    assert all(r["sink_files"] for r in records[12:])
