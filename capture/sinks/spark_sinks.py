@@ -73,8 +73,9 @@ class FileSink(SparkSink):
         # them all, and each batch's ``files`` has read its own already (an entry never changes once written).
         self._read: OrderedDict[int, set[str]] = OrderedDict()
         # The log's latest batch, read once a run: this sink, opened for one query's run, is the log's one
-        # writer (Spark's file sink has one), so after that only its own writes move it. Reading it lists
-        # ``_spark_metadata``, a LIST on object storage (1.5-2.3 ms a batch on a local disk).
+        # writer where the hook writes (Spark's file sink has one), so after that only ``write`` moves it.
+        # (Log-only's Spark sink writes the log itself, and asks the latest batch once, at start.) Reading it
+        # lists ``_spark_metadata``, a LIST on object storage (1.5-2.3 ms a batch on a local disk).
         self._latest: int | None = None
 
     def write(self, df: DataFrame, batch_id: int) -> None:

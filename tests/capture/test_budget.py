@@ -193,10 +193,15 @@ def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_ri
     name, sink = f"logsink-{tag}", tmp_path / "sink"
     folder = tmp_path / "in"
     folder.mkdir()
+
+    def add_input(number: int) -> None:
+        """Input file ``number``, its 40 rows' ids from ``number * 100``; older files are read first."""
+        path = folder / f"part-{number}.parquet"
+        pq.write_table(pa.Table.from_pylist([{"id": number * 100 + i, "v": i % 7} for i in range(40)]), path)
+        os.utime(path, (1_000_000 + number, 1_000_000 + number))
+
     for number in range(3):
-        pq.write_table(pa.Table.from_pylist([{"id": number * 100 + i, "v": i % 7} for i in range(40)]),
-                       folder / f"part-{number}.parquet")
-        os.utime(folder / f"part-{number}.parquet", (1_000_000 + number, 1_000_000 + number))
+        add_input(number)
 
     def run(capture: str, checkpoint: str, batches: int):
         """Run the query until it has run batch ``batches - 1``."""
@@ -248,9 +253,7 @@ def test_capture_log_only_to_a_file_sink_is_spark_s_own_write_with_the_hook_s_ri
     # Full capture over another run's sink: the hook reads the sink's latest batch once a run (2 here), skips
     # batches 0 and 1, takes batch 2 as written (as log-only does), and writes batches 3 and 4.
     for number in (3, 4):
-        pq.write_table(pa.Table.from_pylist([{"id": number * 100 + i, "v": i % 7} for i in range(40)]),
-                       folder / f"part-{number}.parquet")
-        os.utime(folder / f"part-{number}.parquet", (1_000_000 + number, 1_000_000 + number))
+        add_input(number)
     run("full", "cp-full-other", 5)
     written = rids()
     assert {i: r for i, r in written.items() if i < 300} == by_hook
